@@ -1,0 +1,41 @@
+"""Errors the engine raises on purpose, each naming what went wrong and where.
+
+They all derive from WhisperKVError so the CLI can turn any of them into one clear line and a
+non-zero exit, while genuine bugs still surface as tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class WhisperKVError(Exception):
+    """Base class of every error whisperkv raises deliberately."""
+
+
+class AudioError(WhisperKVError):
+    """An input could not be read as audio: missing, not audio, truncated, or empty."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"{source}: {reason}")
+
+
+class ModelLoadError(WhisperKVError):
+    """Weights could not be found or parsed."""
+
+
+class CacheReuseError(WhisperKVError):
+    """A cache was offered for reuse but its provenance does not match what is being computed.
+
+    ``field`` names the first provenance field that differs, so the refusal says exactly why.
+    """
+
+    def __init__(self, kind: str, field: str, cached: object, requested: object) -> None:
+        self.kind = kind
+        self.field = field
+        self.cached = cached
+        self.requested = requested
+        super().__init__(
+            f"refusing to reuse {kind}: provenance field '{field}' differs "
+            f"(cache has {cached!r}, request needs {requested!r})"
+        )
