@@ -1,0 +1,42 @@
+"""The network: dimensions, attention, encoder, decoder, and the Whisper module that joins them."""
+
+from __future__ import annotations
+
+import torch
+
+from whisperkv.model.dims import KNOWN_DIMS, ModelDims
+from whisperkv.model.whisper import Whisper
+from whisperkv.weights import Checkpoint, load_checkpoint
+
+__all__ = ["KNOWN_DIMS", "ModelDims", "Whisper", "load_model", "model_from_checkpoint"]
+
+
+def model_from_checkpoint(
+    ckpt: Checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> Whisper:
+    model = Whisper(ckpt.dims)
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    model.alignment_heads = ckpt.alignment_heads
+    model.tokenizer_json = ckpt.tokenizer_json
+    model.name = ckpt.extra.get("name", "")
+    model.source = ckpt.source
+    model.requires_grad_(False)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_model(
+    name_or_path: str = "tiny.en",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    download_root: str | None = None,
+) -> Whisper:
+    """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
+
+    ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``download_root`` is accepted for
+    compatibility and ignored: whisperkv never downloads.
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if dtype is None:
+        dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
+    return model_from_checkpoint(load_checkpoint(name_or_path), device=device, dtype=dtype)

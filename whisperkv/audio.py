@@ -1,0 +1,249 @@
+"""Audio in: a file becomes a 16 kHz mono waveform, and a waveform becomes a log-Mel spectrogram.
+
+Whisper never sees raw audio. Its encoder reads a log-Mel spectrogram: 100 frames per second, each frame
+the energy in 80 (or 128) perceptually spaced frequency bands. Every model was trained on spectrograms
+made exactly one way, so this module reproduces that recipe number for number: decode to 16 kHz mono
+16-bit samples, take a 25 ms short-time Fourier transform every 10 ms, pool the power through a Slaney
+Mel filterbank, then take a clamped and rescaled log.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+from typing import TypeVar
+
+import av
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from whisperkv.errors import AudioError
+
+# --- The fixed numbers every Whisper checkpoint was trained with --------------------------------------
+
+SAMPLE_RATE = 16000  # samples per second after resampling
+N_FFT = 400  # STFT window: 400 samples = 25 ms
+HOP_LENGTH = 160  # STFT stride: 160 samples = 10 ms, hence 100 frames per second
+CHUNK_LENGTH = 30  # the encoder always looks at exactly 30 seconds
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in one 30-second window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 spectrogram frames in one window
+
+# The encoder's two convolutions halve the frame rate, so each audio position (and each timestamp
+# token step) covers two spectrogram frames: 20 ms.
+N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # 320 samples
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 frames per second
+TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50 audio positions per second
+
+
+# --- File -> waveform ---------------------------------------------------------------------------------
+
+
+def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Decode any audio file to a mono float32 waveform at ``sr`` Hz, with values in [-1, 1).
+
+    The reference implementation pipes the file through ``ffmpeg -f s16le -ac 1 -ar 16000``. We call the
+    same FFmpeg libraries in-process through PyAV and also go through signed 16-bit samples, so the
+    waveform (and so the spectrogram) matches what the models were evaluated on.
+
+    Anything that cannot produce a complete waveform raises :class:`AudioError`, never a partial result:
+    a transcript of half a file that looks like a transcript of the whole file is worse than an error.
+    """
+    source = str(path)
+    file = Path(path)
+    if not file.exists():
+        raise AudioError(source, "file not found")
+    if file.is_dir():
+        raise AudioError(source, "is a directory, not a file")
+    if file.stat().st_size == 0:
+        raise AudioError(source, "empty file")
+
+    try:
+        container = av.open(os.fspath(path))
+    except EOFError as e:  # PyAV's EOFError: the file ends before its header does
+        raise AudioError(source, "truncated or corrupt audio (file ends inside the header)") from e
+    except av.FFmpegError as e:
+        raise AudioError(source, f"not an audio file ({_describe(e)})") from e
+    except OSError as e:
+        raise AudioError(source, f"cannot read file ({_describe(e)})") from e
+
+    with container:
+        if not container.streams.audio:
+            raise AudioError(source, "no audio stream in file")
+        stream = container.streams.audio[0]
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=sr)
+        chunks: list[np.ndarray] = []
+        decoded_samples = 0  # counted at the file's own rate, to compare with what its header promises
+        demuxer_flagged_short_read = False
+        try:
+            for packet in container.demux(stream):
+                demuxer_flagged_short_read |= packet.is_corrupt
+                for frame in packet.decode():
+                    decoded_samples += frame.samples
+                    chunks.extend(_samples(out) for out in resampler.resample(frame))
+            # The resampler holds back a few samples for its filter; ask for them explicitly.
+            chunks.extend(_samples(out) for out in resampler.resample(None))
+        except (av.FFmpegError, OSError, ValueError) as e:
+            # Raised mid-stream, typically by the decoder on a frame cut off by truncation.
+            raise AudioError(source, f"truncated or corrupt audio ({_describe(e)})") from e
+
+        # Some truncations decode cleanly to the end of what is there. Catch the ones we can prove.
+        if demuxer_flagged_short_read and not _wav_length_unknown(file):
+            # The demuxer asked for bytes the header promised and the file did not have.
+            raise AudioError(source, "truncated or corrupt audio (file ends before its header says)")
+        if stream.codec_context.name == "flac" and stream.duration and decoded_samples < stream.duration:
+            # FLAC's STREAMINFO records the exact sample count (FFmpeg leaves it unset when it is 0).
+            raise AudioError(
+                source,
+                f"truncated or corrupt audio (decoded {decoded_samples} of {stream.duration} samples)",
+            )
+        # Not provable: MP3 has no reliable length field (FFmpeg may estimate it from the bitrate), and
+        # Ogg's length is read from its last complete page, so a cut-off MP3 or Ogg decodes as shorter audio.
+
+    waveform = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+    if waveform.size == 0:
+        raise AudioError(source, "no audio samples")
+    return waveform.astype(np.float32) / 32768.0
+
+
+def _samples(frame: av.AudioFrame) -> np.ndarray:
+    """The int16 samples of one packed mono s16 frame, as a flat array."""
+    return frame.to_ndarray().reshape(-1)
+
+
+def _describe(error: Exception) -> str:
+    """A short lower-case reason from an FFmpeg/OS error, without errno numbers or file names."""
+    text = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return text[0].lower() + text[1:]
+
+
+def _wav_length_unknown(file: Path) -> bool:
+    """True for a RIFF/WAVE file whose data chunk declares the placeholder size 0 or 0xFFFFFFFF.
+
+    Recorders that stream to a pipe cannot go back and fill in the size, so they leave a placeholder and
+    FFmpeg reads to the end of the file. Its last read then comes up short and it flags the packet as
+    corrupt, although nothing is missing. Only for these files is that flag not evidence of truncation.
+    """
+    with open(file, "rb") as f:
+        riff = f.read(12)
+        if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+            return False
+        while len(header := f.read(8)) == 8:
+            chunk_id, size = header[:4], int.from_bytes(header[4:], "little")
+            if chunk_id == b"data":
+                return size in (0, 0xFFFFFFFF)
+            f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even length
+    return False
+
+
+def audio_duration(waveform: np.ndarray | torch.Tensor) -> float:
+    """Length in seconds of a 16 kHz waveform (its last axis)."""
+    return waveform.shape[-1] / SAMPLE_RATE
+
+
+# --- Fitting audio into the 30-second window --------------------------------------------------------
+
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+
+
+def pad_or_trim(array: ArrayT, length: int = N_SAMPLES, axis: int = -1) -> ArrayT:
+    """Cut or zero-pad ``array`` along ``axis`` to exactly ``length`` entries.
+
+    The encoder has a fixed input size (3000 frames), so whatever it is given must be made to fit:
+    longer input is cut, shorter input is padded on the right with zeros (silence).
+    """
+    current = array.shape[axis]
+    if current == length:
+        return array
+    if isinstance(array, torch.Tensor):
+        if current > length:
+            return array.narrow(axis, 0, length)
+        # F.pad lists (left, right) pairs starting from the LAST dimension.
+        dims_after = array.dim() - 1 - (axis % array.dim())
+        return F.pad(array, [0, 0] * dims_after + [0, length - current])
+    if current > length:
+        return np.take(array, np.arange(length), axis=axis)
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, length - current)
+    return np.pad(array, widths)
+
+
+# --- Waveform -> log-Mel spectrogram ------------------------------------------------------------------
+
+
+def _hz_to_mel(hz: torch.Tensor) -> torch.Tensor:
+    """Slaney's Mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
+    linear = hz * 3.0 / 200.0
+    log_part = 15.0 + torch.log(hz.clamp(min=1e-10) / 1000.0) / (math.log(6.4) / 27.0)
+    return torch.where(hz >= 1000.0, log_part, linear)
+
+
+def _mel_to_hz(mel: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_hz_to_mel`; 1 kHz sits at exactly 15 mels."""
+    linear = mel * 200.0 / 3.0
+    log_part = 1000.0 * torch.exp((math.log(6.4) / 27.0) * (mel - 15.0))
+    return torch.where(mel >= 15.0, log_part, linear)
+
+
+@functools.lru_cache(maxsize=None)
+def mel_filters(n_mels: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The Slaney-normalised Mel filterbank Whisper was trained with, shape [n_mels, N_FFT // 2 + 1].
+
+    Row ``i`` is a triangle over the FFT bins: rising from Mel point ``i`` to point ``i + 1`` and falling
+    to point ``i + 2``, where the ``n_mels + 2`` points are evenly spaced on the Mel scale from 0 Hz to
+    the Nyquist frequency. Each triangle is scaled by ``2 / width_in_hz`` so every band has the same
+    area: wide high-frequency bands do not collect more energy merely for being wide. This is
+    ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`` (htk=False, norm="slaney"), computed
+    here instead of loaded from a file.
+    """
+    if n_mels not in (80, 128):
+        raise ValueError(f"Whisper models use 80 or 128 Mel bands, not {n_mels}")
+    # Work in float64 so the only rounding is the final cast to float32.
+    fft_hz = torch.linspace(0.0, SAMPLE_RATE / 2, N_FFT // 2 + 1, dtype=torch.float64)
+    nyquist = torch.tensor(SAMPLE_RATE / 2, dtype=torch.float64)
+    mel_points = torch.linspace(0.0, float(_hz_to_mel(nyquist)), n_mels + 2, dtype=torch.float64)
+    hz_points = _mel_to_hz(mel_points)
+
+    lower, centre, upper = hz_points[:-2, None], hz_points[1:-1, None], hz_points[2:, None]
+    rising = (fft_hz - lower) / (centre - lower)
+    falling = (upper - fft_hz) / (upper - centre)
+    triangles = torch.clamp(torch.minimum(rising, falling), min=0.0)
+    slaney_norm = 2.0 / (upper - lower)
+    return (triangles * slaney_norm).to(dtype=torch.float32, device=device)
+
+
+def log_mel_spectrogram(
+    audio: str | os.PathLike | np.ndarray | torch.Tensor,
+    n_mels: int = 80,
+    padding: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The encoder's input: a [n_mels, n_frames] float32 log-Mel spectrogram of 16 kHz mono audio.
+
+    ``audio`` is a path (decoded with :func:`load_audio`) or a 1-D waveform. ``padding`` zero samples are
+    appended first; transcription appends 30 s so that the last window is complete. There are
+    ``(len(audio) + padding) // HOP_LENGTH`` frames, 100 per second.
+    """
+    if isinstance(audio, (str, os.PathLike)):
+        audio = load_audio(audio)
+    waveform = torch.as_tensor(audio, dtype=torch.float32, device=device)
+    if waveform.dim() != 1:
+        raise ValueError(f"expected a 1-D waveform, got shape {tuple(waveform.shape)}")
+    if padding > 0:
+        waveform = F.pad(waveform, (0, padding))
+
+    # 25 ms periodic Hann windows every 10 ms. center=True reflect-pads N_FFT // 2 samples at both ends,
+    # so frame t is centred on sample t * HOP_LENGTH.
+    window = torch.hann_window(N_FFT, device=waveform.device)
+    stft = torch.stft(waveform, N_FFT, HOP_LENGTH, window=window, center=True, return_complex=True)
+    # Centring yields one frame more than len // HOP_LENGTH; Whisper drops the last one.
+    power = stft[..., :-1].abs() ** 2
+
+    mel = mel_filters(n_mels, waveform.device) @ power
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    # Keep only the top 80 dB of dynamic range: quieter detail is noise the model never learned from.
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    # Shift and scale to roughly [-1, 1], the range the encoder was trained on.
+    return (log_spec + 4.0) / 4.0

@@ -1,0 +1,178 @@
+"""The decoder's two caches, as distinct types with shapes, byte counts and provenance.
+
+* ``SelfKV``  — per decoder layer, the keys/values of the tokens decoded so far. It grows by one
+  position per generated token and is written in place into a preallocated buffer.
+* ``CrossKV`` — per decoder layer, the keys/values of the encoder output. Projected once per audio
+  window and only read afterwards, by every step and every beam of that window.
+* ``DecoderCache`` — both, for every layer, plus the token ids the Self-KV positions hold.
+
+Memory: a cache of B rows, L layers, T positions, width d and s bytes per element holds
+2·B·L·T·d·s bytes (the 2 is keys + values). ``nbytes`` reports exactly that from the live tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from whisperkv.cache.provenance import CrossKVProvenance, SelfKVProvenance
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    layer: int
+    shape: tuple[int, int, int]  # (batch, positions, width) of keys; values have the same shape
+    nbytes: int
+
+
+class CrossKV:
+    """Keys and values of one decoder layer's cross-attention over one encoder output.
+
+    Built only by ``project``; there is no method that writes into it afterwards. Beams of the same
+    audio share one CrossKV: attention groups their queries instead of copying the keys.
+    """
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor, provenance: CrossKVProvenance) -> None:
+        self.key = key
+        self.value = value
+        self.provenance = provenance
+
+    @classmethod
+    def project(cls, attention: torch.nn.Module, audio_features: torch.Tensor, provenance: CrossKVProvenance):
+        """Project the encoder output once through this layer's cross-attention key/value linears."""
+        with torch.no_grad():
+            key, value = attention.project_kv(audio_features)
+        return cls(key, value, provenance)
+
+    @property
+    def layer(self) -> int:
+        return self.provenance.layer
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.key.shape)  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
+
+
+class SelfKV:
+    """Keys and values of one decoder layer's masked self-attention, one position per token.
+
+    The buffer is allocated once for the whole text context; ``append`` writes the newest
+    positions in place, so a decoding step never concatenates or reallocates.
+    """
+
+    def __init__(
+        self,
+        layer: int,
+        batch: int,
+        capacity: int,
+        width: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.layer = layer
+        self._key = torch.zeros(batch, capacity, width, dtype=dtype, device=device)
+        self._value = torch.zeros(batch, capacity, width, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._key.shape[1]
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        n = key.shape[1]
+        if self.length + n > self.capacity:
+            raise ValueError(
+                f"Self-KV of layer {self.layer} is full: {self.length} + {n} > {self.capacity} positions"
+            )
+        self._key[:, self.length : self.length + n] = key
+        self._value[:, self.length : self.length + n] = value
+        self.length += n
+
+    @property
+    def key(self) -> torch.Tensor:
+        return self._key[:, : self.length]
+
+    @property
+    def value(self) -> torch.Tensor:
+        return self._value[:, : self.length]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Make row i hold what row ``rows[i]`` held: beams follow their surviving parents."""
+        self._key = self._key.index_select(0, rows)
+        self._value = self._value.index_select(0, rows)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        b, _, d = self._key.shape
+        return (b, self.length, d)
+
+    @property
+    def nbytes(self) -> int:
+        b, t, d = self.shape
+        return 2 * b * t * d * self._key.element_size()
+
+    @property
+    def allocated_nbytes(self) -> int:
+        return 2 * self._key.numel() * self._key.element_size()
+
+
+class DecoderCache:
+    """Everything the decoder remembers for one batch of sequences: Self-KV and Cross-KV per layer.
+
+    ``tokens`` holds the ids whose keys/values sit in the Self-KV, so the cache can say exactly which
+    prefix it was built from (its provenance) and refuse to serve another one.
+    """
+
+    def __init__(self, self_kv: list[SelfKV], cross_kv: list[CrossKV]) -> None:
+        if len(self_kv) != len(cross_kv):
+            raise ValueError("one SelfKV and one CrossKV per decoder layer")
+        self.self_kv = self_kv
+        self.cross_kv = cross_kv
+        batch = self_kv[0].shape[0] if self_kv else 0
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long)
+        self.peak_self_kv_nbytes = 0
+
+    @property
+    def offset(self) -> int:
+        """Number of positions already held: the position index of the next token."""
+        return self.self_kv[0].length if self.self_kv else 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def record_tokens(self, tokens: torch.Tensor) -> None:
+        self.tokens = torch.cat([self.tokens, tokens.to("cpu")], dim=1)
+        self.peak_self_kv_nbytes = max(self.peak_self_kv_nbytes, self.self_kv_nbytes)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        for kv in self.self_kv:
+            kv.reorder(rows)
+        self.tokens = self.tokens.index_select(0, rows.to("cpu"))
+
+    def self_provenance(self, row: int = 0) -> SelfKVProvenance:
+        return SelfKVProvenance(
+            prefix=tuple(int(t) for t in self.tokens[row]),
+            start_position=0,
+            cross_kv=self.cross_kv[0].provenance.encoder if self.cross_kv else None,
+        )
+
+    @property
+    def self_kv_nbytes(self) -> int:
+        return sum(kv.nbytes for kv in self.self_kv)
+
+    @property
+    def cross_kv_nbytes(self) -> int:
+        return sum(kv.nbytes for kv in self.cross_kv)
+
+    def layers(self) -> dict[str, list[LayerShape]]:
+        """Per-layer shapes and bytes of both caches, for reports and ``inspect``."""
+        return {
+            "self_kv": [LayerShape(kv.layer, kv.shape, kv.nbytes) for kv in self.self_kv],
+            "cross_kv": [LayerShape(kv.layer, kv.shape, kv.nbytes) for kv in self.cross_kv],
+        }

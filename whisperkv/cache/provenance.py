@@ -1,0 +1,69 @@
+"""What a cache was made from. Two caches are interchangeable only if these records are equal.
+
+An encoder output is identified by the weights that computed it and the exact input window; a
+Cross-KV adds the decoder layer that projected it; a Self-KV adds the prefix tokens and positions it
+holds. ``first_difference`` names the first field that differs, so a refusal can say why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """A short content digest of a tensor (its bytes, dtype and shape)."""
+    t = tensor.detach().to("cpu").contiguous()
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    h.update(np.ascontiguousarray(t.numpy()).tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class EncoderProvenance:
+    """Identity of one encoder output."""
+
+    weights_digest: str  # digest of the model weights that ran the encoder
+    mel_digest: str  # digest of the exact log-Mel window fed to the encoder
+    window_start: int  # first sample of the window in the source audio
+    window_end: int  # one past the last sample of the window
+    frontend: str  # log-Mel settings, e.g. "n_mels=80,n_fft=400,hop=160"
+    dtype: str
+    device: str
+
+
+@dataclass(frozen=True)
+class CrossKVProvenance:
+    encoder: EncoderProvenance
+    layer: int
+
+
+@dataclass(frozen=True)
+class SelfKVProvenance:
+    prefix: tuple[int, ...]  # token ids whose keys/values the cache holds, in order
+    start_position: int  # position index of prefix[0]
+    cross_kv: EncoderProvenance | None  # the encoder output those tokens attended to
+
+
+def first_difference(cached: object, requested: object, prefix: str = "") -> tuple[str, object, object] | None:
+    """The first (dotted field name, cached value, requested value) that differs, or None."""
+    if type(cached) is not type(requested):
+        return (prefix or "type", type(cached).__name__, type(requested).__name__)
+    if not hasattr(cached, "__dataclass_fields__"):
+        return None if cached == requested else (prefix or "value", cached, requested)
+    for f in fields(cached):  # type: ignore[arg-type]
+        a, b = getattr(cached, f.name), getattr(requested, f.name)
+        name = f"{prefix}.{f.name}" if prefix else f.name
+        if hasattr(a, "__dataclass_fields__") and hasattr(b, "__dataclass_fields__"):
+            diff = first_difference(a, b, name)
+            if diff:
+                return diff
+        elif a != b:
+            return (name, a, b)
+    return None

@@ -1,0 +1,111 @@
+"""TextDecoder: tokens + audio features → next-token logits.
+
+Each block: masked self-attention (keys/values in the layer's ``SelfKV``) → cross-attention (keys/values
+in the layer's ``CrossKV``) → GELU MLP, each pre-LayerNormed with a residual. Logits are tied to the
+token embedding.
+
+Two ways to run it, which must give the same tokens:
+* ``forward(tokens, cache)`` — the fast path: feed only the new tokens; the caches hold the rest.
+* ``forward_uncached(tokens, audio_features)`` — the reference twin: recompute the whole prefix and
+  every cross-attention projection from scratch, with no cache at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
+from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
+from whisperkv.model.attention import MultiHeadAttention
+from whisperkv.model.encoder import mlp
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int) -> None:
+        super().__init__()
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.cross_attn_ln = nn.LayerNorm(n_state)
+        self.cross_attn = MultiHeadAttention(n_state, n_head)
+        self.mlp_ln = nn.LayerNorm(n_state)
+        self.mlp = mlp(n_state)
+
+    def forward(self, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV) -> torch.Tensor:
+        offset = self_kv.length
+        h = self.attn_ln(x)
+        k, v = self.attn.project_kv(h)
+        self_kv.append(k, v)  # the Self-KV grows by the new positions, in place
+        x = x + self.attn(h, self_kv.key, self_kv.value, causal_offset=offset)
+        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv.key, cross_kv.value)
+        return x + self.mlp(self.mlp_ln(x))
+
+    def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
+        h = self.attn_ln(x)
+        k, v = self.attn.project_kv(h)
+        x = x + self.attn(h, k, v, causal_offset=0)
+        ck, cv = self.cross_attn.project_kv(audio_features)  # recomputed on purpose
+        x = x + self.cross_attn(self.cross_attn_ln(x), ck, cv)
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
+        self.blocks = nn.ModuleList(DecoderBlock(n_state, n_head) for _ in range(n_layer))
+        self.ln = nn.LayerNorm(n_state)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.positional_embedding.shape[0]
+
+    def new_cache(
+        self,
+        audio_features: torch.Tensor,
+        encoder_provenance: EncoderProvenance,
+        batch_size: int | None = None,
+        capacity: int | None = None,
+    ) -> DecoderCache:
+        """Project the Cross-KV of every layer once, and allocate an empty Self-KV per layer.
+
+        ``batch_size`` may be a multiple of the audio batch (beams of the same window); the Cross-KV
+        keeps the audio batch and is shared, not copied.
+        """
+        rows = batch_size or audio_features.shape[0]
+        width = self.token_embedding.weight.shape[1]
+        dtype, device = audio_features.dtype, audio_features.device
+        cross = [
+            CrossKV.project(block.cross_attn, audio_features, CrossKVProvenance(encoder_provenance, i))
+            for i, block in enumerate(self.blocks)
+        ]
+        selfs = [SelfKV(i, rows, capacity or self.n_ctx, width, dtype, device) for i in range(len(self.blocks))]
+        return DecoderCache(selfs, cross)
+
+    def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        end = offset + tokens.shape[-1]
+        if end > self.n_ctx:
+            raise ValueError(f"text context is {self.n_ctx} tokens; position {end - 1} is past it")
+        return self.token_embedding(tokens) + self.positional_embedding[offset:end].to(
+            self.token_embedding.weight.dtype
+        )
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln(x)
+        return (x @ self.token_embedding.weight.to(x.dtype).T).float()
+
+    def forward(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """Logits [B, T, vocab] for the new ``tokens`` [B, T]; appends them to the Self-KV."""
+        x = self._embed(tokens, cache.offset)
+        for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv):
+            x = block(x, self_kv, cross_kv)
+        cache.record_tokens(tokens)
+        return self._logits(x)
+
+    def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] for the whole sequence ``tokens``, recomputing everything."""
+        x = self._embed(tokens, 0)
+        for block in self.blocks:
+            x = block.forward_uncached(x, audio_features)
+        return self._logits(x)

@@ -1,0 +1,68 @@
+"""AudioEncoder: log-Mel [B, n_mels, 3000] → audio features [B, 1500, d].
+
+Two 1-D convolutions with GELU (the second with stride 2 halves 3,000 frames to 1,500 positions),
+fixed sinusoidal positions, pre-LayerNorm transformer blocks with bidirectional self-attention, and a
+final LayerNorm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from whisperkv.model.attention import MultiHeadAttention
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's fixed positional table: sin of geometric frequencies, then cos, per position."""
+    assert channels % 2 == 0
+    increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2))
+    angles = torch.arange(length)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
+def mlp(n_state: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int) -> None:
+        super().__init__()
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.mlp_ln = nn.LayerNorm(n_state)
+        self.mlp = mlp(n_state)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.attn_ln(x)
+        k, v = self.attn.project_kv(h)
+        x = x + self.attn(h, k, v)
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, n_mels: int, n_ctx: int, n_state: int, n_head: int, n_layer: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(n_mels, n_state, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(n_state, n_state, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
+        self.blocks = nn.ModuleList(EncoderBlock(n_state, n_head) for _ in range(n_layer))
+        self.ln_post = nn.LayerNorm(n_state)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x))
+        x = x.transpose(1, 2)  # [B, positions, d]
+        if x.shape[1:] != self.positional_embedding.shape:
+            raise ValueError(
+                f"encoder expects {2 * self.positional_embedding.shape[0]} Mel frames, "
+                f"got {mel.shape[-1]} (pad or trim the window to 30 s)"
+            )
+        x = x + self.positional_embedding.to(x.dtype)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)

@@ -1,0 +1,106 @@
+"""Whisper = AudioEncoder + TextDecoder + the facts needed to use them (dims, tokenizer, heads).
+
+Weights are plain tensors loaded once; the model holds no per-decode state, so one instance can
+serve many concurrent decodes (each decode owns its own ``DecoderCache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from whisperkv.cache.provenance import EncoderProvenance, tensor_digest
+from whisperkv.model.decoder import TextDecoder
+from whisperkv.model.dims import ModelDims
+from whisperkv.model.encoder import AudioEncoder
+
+if TYPE_CHECKING:
+    from whisperkv.tokenizer import Tokenizer
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(
+            dims.n_mels, dims.n_audio_ctx, dims.n_audio_state, dims.n_audio_head, dims.n_audio_layer
+        )
+        self.decoder = TextDecoder(
+            dims.n_vocab, dims.n_text_ctx, dims.n_text_state, dims.n_text_head, dims.n_text_layer
+        )
+        self.alignment_heads: list[tuple[int, int]] | None = None
+        self.tokenizer_json: str | None = None
+        self.name = ""
+        self.source = ""
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.dims.is_multilingual
+
+    @property
+    def num_languages(self) -> int:
+        return self.dims.num_languages
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.token_embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.token_embedding.weight.dtype
+
+    @cached_property
+    def weights_digest(self) -> str:
+        """Digest of every weight tensor, computed once: the root of all cache provenance."""
+        h = hashlib.blake2b(digest_size=12)
+        for name, tensor in sorted(self.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor_digest(tensor).encode())
+        return h.hexdigest()
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        from whisperkv.tokenizer import Tokenizer
+
+        if self.tokenizer_json is None:
+            from whisperkv.weights.registry import default_tokenizer_json
+
+            self.tokenizer_json = default_tokenizer_json(self.dims)
+        return Tokenizer.from_json(self.tokenizer_json, num_languages=self.num_languages)
+
+    def frontend(self) -> str:
+        return f"n_mels={self.dims.n_mels},n_fft=400,hop=160"
+
+    def encoder_provenance(
+        self, mel: torch.Tensor, window_start: int = 0, window_end: int | None = None
+    ) -> EncoderProvenance:
+        return EncoderProvenance(
+            weights_digest=self.weights_digest,
+            mel_digest=tensor_digest(mel),
+            window_start=window_start,
+            window_end=window_end if window_end is not None else window_start + mel.shape[-1] * 160,
+            frontend=self.frontend(),
+            dtype=str(self.dtype).replace("torch.", ""),
+            device=str(self.device),
+        )
+
+    @torch.no_grad()
+    def embed_audio(self, mel: torch.Tensor) -> torch.Tensor:
+        """Encoder output [B, 1500, d] for log-Mel windows [B, n_mels, 3000]."""
+        return self.encoder(mel.to(self.device, self.dtype))
+
+    def transcribe(self, audio: str | np.ndarray | torch.Tensor, **options: Any) -> dict:
+        """Transcribe a file path or a 16 kHz float32 waveform; options as in openai-whisper."""
+        from whisperkv.transcribe import transcribe
+
+        return transcribe(self, audio, **options)
+
+    def detect_language(self, audio_or_mel: Any) -> tuple[str, dict[str, float]]:
+        from whisperkv.decoding.language import detect_language
+
+        return detect_language(self, audio_or_mel)

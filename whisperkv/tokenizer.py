@@ -1,0 +1,684 @@
+"""Whisper's tokenizer: byte-level BPE read from a Hugging Face ``tokenizer.json``.
+
+Whisper models ship their vocabulary as a ``tokenizer.json``. We read it ourselves instead of depending on
+``tokenizers``/``tiktoken`` so that the whole path from text to token ids is short, inspectable and
+testable against the reference implementation.
+
+Two facts about the files shape the design:
+
+* Token ids are BPE merge ranks. The reference (tiktoken) merges, at each step, the adjacent pair whose
+  concatenation has the lowest id. We do the same rather than replaying ``model.merges``: the
+  multilingual file's merge list lacks the very first merge (``"Ġ t"``, id 256), so a merge-list replay
+  would encode every word starting with " t" differently from the reference, while ids are complete.
+* Timestamp tokens are not listed in the file. They follow ``<|notimestamps|>`` directly: 1501 tokens
+  for 0.00 s … 30.00 s in 0.02 s steps.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Iterable, Sequence
+from functools import cached_property, lru_cache
+from pathlib import Path
+from types import EllipsisType
+
+import regex
+
+from whisperkv.errors import ModelLoadError, WhisperKVError
+
+# Code -> English name, in the order of Whisper's language tokens (<|en|> comes right after
+# <|startoftranscript|>). Models with 99 languages stop before "yue".
+LANGUAGES: dict[str, str] = {
+    "en": "english",
+    "zh": "chinese",
+    "de": "german",
+    "es": "spanish",
+    "ru": "russian",
+    "ko": "korean",
+    "fr": "french",
+    "ja": "japanese",
+    "pt": "portuguese",
+    "tr": "turkish",
+    "pl": "polish",
+    "ca": "catalan",
+    "nl": "dutch",
+    "ar": "arabic",
+    "sv": "swedish",
+    "it": "italian",
+    "id": "indonesian",
+    "hi": "hindi",
+    "fi": "finnish",
+    "vi": "vietnamese",
+    "he": "hebrew",
+    "uk": "ukrainian",
+    "el": "greek",
+    "ms": "malay",
+    "cs": "czech",
+    "ro": "romanian",
+    "da": "danish",
+    "hu": "hungarian",
+    "ta": "tamil",
+    "no": "norwegian",
+    "th": "thai",
+    "ur": "urdu",
+    "hr": "croatian",
+    "bg": "bulgarian",
+    "lt": "lithuanian",
+    "la": "latin",
+    "mi": "maori",
+    "ml": "malayalam",
+    "cy": "welsh",
+    "sk": "slovak",
+    "te": "telugu",
+    "fa": "persian",
+    "lv": "latvian",
+    "bn": "bengali",
+    "sr": "serbian",
+    "az": "azerbaijani",
+    "sl": "slovenian",
+    "kn": "kannada",
+    "et": "estonian",
+    "mk": "macedonian",
+    "br": "breton",
+    "eu": "basque",
+    "is": "icelandic",
+    "hy": "armenian",
+    "ne": "nepali",
+    "mn": "mongolian",
+    "bs": "bosnian",
+    "kk": "kazakh",
+    "sq": "albanian",
+    "sw": "swahili",
+    "gl": "galician",
+    "mr": "marathi",
+    "pa": "punjabi",
+    "si": "sinhala",
+    "km": "khmer",
+    "sn": "shona",
+    "yo": "yoruba",
+    "so": "somali",
+    "af": "afrikaans",
+    "oc": "occitan",
+    "ka": "georgian",
+    "be": "belarusian",
+    "tg": "tajik",
+    "sd": "sindhi",
+    "gu": "gujarati",
+    "am": "amharic",
+    "yi": "yiddish",
+    "lo": "lao",
+    "uz": "uzbek",
+    "fo": "faroese",
+    "ht": "haitian creole",
+    "ps": "pashto",
+    "tk": "turkmen",
+    "nn": "nynorsk",
+    "mt": "maltese",
+    "sa": "sanskrit",
+    "lb": "luxembourgish",
+    "my": "myanmar",
+    "bo": "tibetan",
+    "tl": "tagalog",
+    "mg": "malagasy",
+    "as": "assamese",
+    "tt": "tatar",
+    "haw": "hawaiian",
+    "ln": "lingala",
+    "ha": "hausa",
+    "ba": "bashkir",
+    "jw": "javanese",
+    "su": "sundanese",
+    "yue": "cantonese",
+}
+
+# English name (and common aliases) -> code, so users may say "German" or "castilian".
+TO_LANGUAGE_CODE: dict[str, str] = {
+    **{name: code for code, name in LANGUAGES.items()},
+    "burmese": "my",
+    "valencian": "ca",
+    "flemish": "nl",
+    "haitian": "ht",
+    "letzeburgesch": "lb",
+    "pushto": "ps",
+    "panjabi": "pa",
+    "moldavian": "ro",
+    "moldovan": "ro",
+    "sinhalese": "si",
+    "castilian": "es",
+    "mandarin": "zh",
+}
+
+NUM_TIMESTAMP_TOKENS = 1501  # 0.00 s .. 30.00 s inclusive
+SECONDS_PER_TIMESTAMP = 0.02
+TASKS = ("transcribe", "translate")
+
+# The English-only (GPT-2) vocabulary has 50256 BPE tokens before <|endoftext|>; the multilingual one
+# has 50257. That id is the cleanest single fact that tells the two vocabularies apart.
+_GPT2_EOT = 50256
+
+# Languages written without spaces between words: word boundaries fall on character boundaries.
+_UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
+
+# GPT-2's pre-tokenizer: BPE never merges across these pieces.
+_PRETOKENIZE = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+# Symbols the reference suppresses by default so that the decoder does not invent speaker tags,
+# sound-effect annotations or music notes that were not spoken.
+_NON_SPEECH_SYMBOLS = [
+    *'"#()*+/:;<=>@[\\]^_`{|}~「」『』',
+    *"<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split(),
+]
+# Musical symbols (U+2640..U+267F block). Tokenizers may split them into several byte tokens; the first
+# token is then shared by the whole block, so suppressing it is safe.
+_MUSICAL_SYMBOLS = "♩♪♫♬♭♮♯"
+
+
+class TokenizerOptionError(WhisperKVError, ValueError):
+    """A language or task was asked for that this model's vocabulary cannot express."""
+
+
+def _byte_alphabet() -> list[str]:
+    """Map each byte to the printable character that stands for it in byte-level BPE files.
+
+    Vocab files must be plain text, so bytes that print as themselves in Latin-1 keep their own code
+    point and the remaining 68 (controls, space, soft hyphen, ...) are moved to 256, 257, ... in order.
+    """
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 0x100)}
+    alphabet: list[str] = []
+    next_free = 256
+    for byte in range(256):
+        if byte in printable:
+            alphabet.append(chr(byte))
+        else:
+            alphabet.append(chr(next_free))
+            next_free += 1
+    return alphabet
+
+
+_CHAR_TO_BYTE: dict[str, int] = {char: byte for byte, char in enumerate(_byte_alphabet())}
+
+
+def _vocab_key_to_bytes(key: str) -> bytes:
+    try:
+        return bytes(_CHAR_TO_BYTE[char] for char in key)
+    except KeyError as exc:
+        raise ValueError(f"vocabulary entry {key!r} is not byte-level text") from exc
+
+
+def _format_timestamp(step: int) -> str:
+    # Integer arithmetic so "<|1.08|>" never comes out as "<|1.0799999|>".
+    hundredths = step * 2
+    return f"<|{hundredths // 100}.{hundredths % 100:02d}|>"
+
+
+class _Vocabulary:
+    """The immutable part of a tokenizer.json: byte strings, ids and special tokens.
+
+    Shared by all Tokenizer objects made from the same file, so switching language or task is free.
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            vocab: dict[str, int] = data["model"]["vocab"]
+            added: list[dict] = data.get("added_tokens", [])
+        except FileNotFoundError as exc:
+            raise ModelLoadError(f"{path}: tokenizer file not found") from exc
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from exc
+
+        self.path = path
+        self.specials: dict[str, int] = {entry["content"]: int(entry["id"]) for entry in added}
+        if "<|endoftext|>" not in self.specials:
+            raise ModelLoadError(f"{path}: no <|endoftext|> among added_tokens")
+        self.eot = self.specials["<|endoftext|>"]
+
+        # Every id below <|endoftext|> is a plain BPE token; everything from eot upward is special.
+        token_bytes: list[bytes | None] = [None] * self.eot
+        for key, token_id in vocab.items():
+            if token_id < self.eot:
+                try:
+                    token_bytes[token_id] = _vocab_key_to_bytes(key)
+                except ValueError as exc:
+                    raise ModelLoadError(f"{path}: {exc}") from exc
+        missing = [i for i, value in enumerate(token_bytes) if value is None]
+        if missing:
+            raise ModelLoadError(f"{path}: vocabulary has no entry for ids {missing[:5]}...")
+        self.token_bytes: tuple[bytes, ...] = tuple(b for b in token_bytes if b is not None)
+
+        # id doubles as merge rank. The multilingual file holds one empty entry; it can never match.
+        self.ranks: dict[bytes, int] = {b: i for i, b in enumerate(self.token_bytes) if b}
+        self.special_names: dict[int, str] = {token_id: name for name, token_id in self.specials.items()}
+        self.encode_piece = lru_cache(maxsize=1 << 16)(self._encode_piece)
+
+    def _encode_piece(self, piece: bytes) -> tuple[int, ...]:
+        """BPE-encode one pre-tokenized piece, exactly as tiktoken does.
+
+        A piece that is itself a token is returned whole; otherwise start from single bytes and keep
+        merging the leftmost adjacent pair whose concatenation has the lowest id.
+        """
+        whole = self.ranks.get(piece)
+        if whole is not None:
+            return (whole,)
+        parts = [piece[i : i + 1] for i in range(len(piece))]
+        while len(parts) > 1:
+            best_rank = -1
+            best_index = -1
+            for index in range(len(parts) - 1):
+                rank = self.ranks.get(parts[index] + parts[index + 1])
+                if rank is not None and (best_index < 0 or rank < best_rank):
+                    best_rank, best_index = rank, index
+            if best_index < 0:
+                break
+            parts[best_index : best_index + 2] = [parts[best_index] + parts[best_index + 1]]
+        return tuple(self.ranks[part] for part in parts)
+
+
+@lru_cache(maxsize=8)
+def _load_vocabulary(path: str, mtime_ns: int) -> _Vocabulary:
+    # mtime is part of the cache key so an edited file is read again.
+    return _Vocabulary(Path(path))
+
+
+def _resolve_tokenizer_json(path: str | Path) -> Path:
+    path = Path(path)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def _open_vocabulary(path: str | Path) -> _Vocabulary:
+    path = _resolve_tokenizer_json(path).resolve()
+    try:
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: tokenizer file not found") from exc
+    return _load_vocabulary(str(path), mtime_ns)
+
+
+def _normalize_language(language: str) -> str:
+    """Accept a code ("de") or an English name/alias ("German", "castilian"); return the code."""
+    key = language.strip().lower()
+    if key in LANGUAGES:
+        return key
+    if key in TO_LANGUAGE_CODE:
+        return TO_LANGUAGE_CODE[key]
+    raise TokenizerOptionError(f"unknown language {language!r}")
+
+
+class Tokenizer:
+    """Text <-> token ids for one Whisper model, plus the special tokens that steer decoding.
+
+    ``language`` and ``task`` only affect :attr:`sot_sequence` (the decoder prompt) and word
+    splitting; encoding and decoding of text are the same for every setting.
+    """
+
+    def __init__(
+        self,
+        vocabulary: _Vocabulary,
+        *,
+        multilingual: bool,
+        language: str | None = None,
+        task: str | None = None,
+    ) -> None:
+        self._vocab = vocabulary
+        self.multilingual = multilingual
+        if task is not None and task not in TASKS:
+            raise TokenizerOptionError(f"unknown task {task!r}; expected one of {TASKS}")
+        if language is not None:
+            language = _normalize_language(language)
+            if f"<|{language}|>" not in vocabulary.specials:
+                raise TokenizerOptionError(
+                    f"language {language!r} ({LANGUAGES[language]}) is not in this model's vocabulary"
+                )
+        if multilingual:
+            self.language = language
+            self.task = task or "transcribe"
+        else:
+            # English-only models are never prompted with language or task tokens; they only transcribe
+            # English, so say so instead of silently ignoring a different request.
+            if language not in (None, "en"):
+                raise TokenizerOptionError(f"English-only model cannot transcribe language {language!r}")
+            if task == "translate":
+                raise TokenizerOptionError("English-only model cannot translate")
+            self.language = "en"
+            self.task = "transcribe"
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | Path,
+        *,
+        multilingual: bool | None = None,
+        language: str | None = None,
+        task: str | None = None,
+        num_languages: int | None = None,
+    ) -> Tokenizer:
+        """Load a tokenizer.json (or a model directory holding one).
+
+        ``multilingual`` and ``num_languages`` are read from the file; passing them checks that the file
+        matches the model weights it will be used with, catching a mismatched pair early.
+        """
+        vocabulary = _open_vocabulary(path)
+        is_multilingual = vocabulary.eot != _GPT2_EOT
+        if multilingual is not None and multilingual != is_multilingual:
+            kind = "multilingual" if is_multilingual else "English-only"
+            raise ModelLoadError(f"{vocabulary.path}: is a {kind} vocabulary, but multilingual={multilingual}")
+        tokenizer = cls(vocabulary, multilingual=is_multilingual, language=language, task=task)
+        if num_languages is not None and num_languages != len(tokenizer.all_language_codes):
+            raise ModelLoadError(
+                f"{vocabulary.path}: has {len(tokenizer.all_language_codes)} language tokens, "
+                f"but the model expects {num_languages}"
+            )
+        return tokenizer
+
+    def with_options(
+        self,
+        *,
+        language: str | None | EllipsisType = ...,
+        task: str | None | EllipsisType = ...,
+    ) -> Tokenizer:
+        """A tokenizer sharing this vocabulary with another language and/or task (``...`` = keep).
+
+        Useful once language detection has run: the vocabulary is not read again.
+        """
+        if language is ...:
+            language = self.language if self.multilingual else None
+        if task is ...:
+            task = self.task
+        return Tokenizer(self._vocab, multilingual=self.multilingual, language=language, task=task)
+
+    def __repr__(self) -> str:
+        kind = "multilingual" if self.multilingual else "English-only"
+        return f"Tokenizer({kind}, language={self.language!r}, task={self.task!r}, path={str(self.path)!r})"
+
+    @property
+    def path(self) -> Path:
+        """The tokenizer.json this vocabulary came from."""
+        return self._vocab.path
+
+    # ------------------------------------------------------------------ text <-> ids
+
+    def encode(self, text: str) -> list[int]:
+        """Encode text as BPE tokens. Special-token spellings like "<|en|>" are treated as plain text."""
+        ids: list[int] = []
+        for piece in _PRETOKENIZE.findall(text):
+            ids.extend(self._vocab.encode_piece(piece.encode("utf-8")))
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for; special and timestamp tokens give their "<|...|>" spelling.
+
+        Tokens are byte sequences, not characters: a CJK character or emoji may be spread over several
+        tokens, so word splitting works on bytes.
+        """
+        token_id = int(token_id)
+        if 0 <= token_id < self._vocab.eot:
+            return self._vocab.token_bytes[token_id]
+        return self._special_text(token_id).encode("utf-8")
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The raw bytes of the text tokens in ``ids``; special and timestamp tokens are dropped."""
+        eot = self._vocab.eot
+        table = self._vocab.token_bytes
+        chunks = []
+        for token_id in ids:
+            token_id = int(token_id)
+            if 0 <= token_id < eot:
+                chunks.append(table[token_id])
+            else:
+                self._check_id(token_id)
+        return b"".join(chunks)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids`` with special and timestamp tokens dropped.
+
+        Bytes are joined before UTF-8 decoding, so characters split across tokens come out whole;
+        an incomplete character (e.g. a truncated sequence) becomes U+FFFD instead of raising.
+        """
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_with_timestamps(self, ids: Iterable[int]) -> str:
+        """Like :meth:`decode`, but timestamps show as ``<|1.08|>`` and other specials by name.
+
+        This is the readable form of a raw decoder output, e.g. ``<|0.00|> Hello.<|1.08|>``.
+        """
+        return b"".join(self.token_bytes(token_id) for token_id in ids).decode("utf-8", errors="replace")
+
+    def _check_id(self, token_id: int) -> None:
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+
+    def _special_text(self, token_id: int) -> str:
+        self._check_id(token_id)
+        if token_id >= self.timestamp_begin:
+            return _format_timestamp(token_id - self.timestamp_begin)
+        name = self._vocab.special_names.get(token_id)
+        if name is None:
+            raise ValueError(f"token id {token_id} is not defined in {self.path}")
+        return name
+
+    # ------------------------------------------------------------------ special tokens
+
+    def _special(self, *names: str) -> int:
+        for name in names:
+            if name in self._vocab.specials:
+                return self._vocab.specials[name]
+        raise ModelLoadError(f"{self.path}: no {' / '.join(names)} token")
+
+    @cached_property
+    def eot(self) -> int:
+        """<|endoftext|>: ends a transcript; every id from here upward is special."""
+        return self._vocab.eot
+
+    @cached_property
+    def sot(self) -> int:
+        """<|startoftranscript|>: first token of every decoder prompt."""
+        return self._special("<|startoftranscript|>")
+
+    @cached_property
+    def sot_prev(self) -> int:
+        """<|startofprev|>: introduces previous-window text given as context."""
+        return self._special("<|startofprev|>")
+
+    @cached_property
+    def sot_lm(self) -> int:
+        """<|startoflm|>: language-model-only prompt start (unused in transcription)."""
+        return self._special("<|startoflm|>")
+
+    @cached_property
+    def no_speech(self) -> int:
+        """<|nospeech|> (called <|nocaptions|> in older files): its probability after sot flags silence."""
+        return self._special("<|nospeech|>", "<|nocaptions|>")
+
+    @cached_property
+    def no_timestamps(self) -> int:
+        """<|notimestamps|>: asks for text without timestamp tokens."""
+        return self._special("<|notimestamps|>")
+
+    @cached_property
+    def transcribe(self) -> int:
+        """<|transcribe|>: task token for same-language output."""
+        return self._special("<|transcribe|>")
+
+    @cached_property
+    def translate(self) -> int:
+        """<|translate|>: task token for English output."""
+        return self._special("<|translate|>")
+
+    @cached_property
+    def timestamp_begin(self) -> int:
+        """<|0.00|>: timestamp tokens are not in tokenizer.json; they follow <|notimestamps|>."""
+        return self.no_timestamps + 1
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """Number of logits the model produces (text, specials and timestamps)."""
+        return self.timestamp_begin + NUM_TIMESTAMP_TOKENS
+
+    def is_timestamp(self, token_id: int) -> bool:
+        return self.timestamp_begin <= int(token_id) < self.vocab_size
+
+    def timestamp_seconds(self, token_id: int) -> float:
+        """Seconds from the window start that a timestamp token denotes (0.02 s per step)."""
+        if not self.is_timestamp(token_id):
+            raise ValueError(f"token id {token_id} is not a timestamp token")
+        return round((int(token_id) - self.timestamp_begin) * SECONDS_PER_TIMESTAMP, 2)
+
+    @cached_property
+    def all_language_tokens(self) -> tuple[int, ...]:
+        """Ids of the <|xx|> tokens this model knows, in id order (the order of its language logits)."""
+        found = [
+            token_id
+            for name, token_id in self._vocab.specials.items()
+            if name.startswith("<|") and name.endswith("|>") and name[2:-2] in LANGUAGES
+        ]
+        return tuple(sorted(found))
+
+    @cached_property
+    def all_language_codes(self) -> tuple[str, ...]:
+        return tuple(self._vocab.special_names[token_id][2:-2] for token_id in self.all_language_tokens)
+
+    def language_token(self, language: str | None = None) -> int:
+        """Id of <|xx|> for a code or language name; defaults to this tokenizer's language."""
+        if language is None:
+            if self.language is None:
+                raise TokenizerOptionError("no language given and none configured")
+            language = self.language
+        code = _normalize_language(language)
+        token_id = self._vocab.specials.get(f"<|{code}|>")
+        if token_id is None:
+            raise TokenizerOptionError(f"language {code!r} is not in this model's vocabulary")
+        return token_id
+
+    @cached_property
+    def sot_sequence(self) -> tuple[int, ...]:
+        """The decoder prompt before any text: sot [, language] [, task].
+
+        English-only models take (sot,) alone. Multilingual models get the language token when a
+        language is set (otherwise it is detected first) and always a task token.
+        """
+        if not self.multilingual:
+            return (self.sot,)
+        sequence = [self.sot]
+        if self.language is not None:
+            sequence.append(self.language_token(self.language))
+        sequence.append(self.translate if self.task == "translate" else self.transcribe)
+        return tuple(sequence)
+
+    @cached_property
+    def sot_sequence_including_notimestamps(self) -> tuple[int, ...]:
+        return (*self.sot_sequence, self.no_timestamps)
+
+    # ------------------------------------------------------------------ suppression
+
+    @cached_property
+    def non_speech_tokens(self) -> tuple[int, ...]:
+        """Sorted ids that would start a speaker tag, sound annotation or music note, e.g. "[MUSIC]".
+
+        The rule is the reference's, so default decoding suppresses the very same ids: for each symbol,
+        both with and without a leading space, take its encoding if that is a single token; for the
+        musical symbols take the first token even if split. Plain punctuation (, . ? !) stays allowed,
+        and so do "-" and "'" inside words, but not " -" or " '" opening one.
+        """
+        result = {self.encode(" -")[0], self.encode(" '")[0]}
+        for symbol in [*_NON_SPEECH_SYMBOLS, *_MUSICAL_SYMBOLS]:
+            for ids in (self.encode(symbol), self.encode(" " + symbol)):
+                if len(ids) == 1 or symbol in _MUSICAL_SYMBOLS:
+                    result.add(ids[0])
+        return tuple(sorted(result))
+
+    def default_suppress_tokens(self) -> tuple[int, ...]:
+        """Ids never sampled under the reference default ``suppress_tokens="-1"``.
+
+        Non-speech symbols plus the prompt-only specials, which must not appear inside a transcript.
+        """
+        specials = {self.translate, self.transcribe, self.sot, self.sot_prev, self.sot_lm, self.no_speech}
+        return tuple(sorted(set(self.non_speech_tokens) | specials))
+
+    # ------------------------------------------------------------------ word splitting
+
+    def split_to_word_tokens(
+        self, ids: Sequence[int], language: str | None = None
+    ) -> tuple[list[str], list[list[int]]]:
+        """Group tokens into words for word-level timestamps; returns (words, token lists).
+
+        Spaced languages split before tokens that start with a space, are punctuation, or are special;
+        unspaced ones (zh, ja, th, lo, my, yue) split wherever a whole character has been completed.
+        Every token lands in exactly one group, in order. The rules are the reference's, so word
+        boundaries (and hence word timings) match it.
+        """
+        code = _normalize_language(language) if language is not None else self.language
+        if code in _UNSPACED_LANGUAGES:
+            return self._split_on_characters(ids)
+        return self._split_on_spaces(ids)
+
+    def _split_on_characters(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        """Cut after each token that completes a UTF-8 character.
+
+        A group's text containing U+FFFD means its bytes are cut mid-character, unless the full
+        decoding has U+FFFD at the same place too (the bytes were genuinely invalid): then it is done.
+        """
+        full = self.decode_with_timestamps(ids)
+        words: list[str] = []
+        groups: list[list[int]] = []
+        group: list[int] = []
+        pending = b""
+        offset = 0  # characters of `full` already emitted
+        for token_id in ids:
+            group.append(int(token_id))
+            pending += self.token_bytes(token_id)
+            text = pending.decode("utf-8", errors="replace")
+            bad = text.find("\ufffd")
+            if bad < 0 or full[offset + bad : offset + bad + 1] == "\ufffd":
+                words.append(text)
+                groups.append(group)
+                offset += len(text)
+                group, pending = [], b""
+        if group:  # unreachable for well-formed input; never lose tokens
+            words.append(pending.decode("utf-8", errors="replace"))
+            groups.append(group)
+        return words, groups
+
+    def _split_on_spaces(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        words: list[str] = []
+        groups: list[list[int]] = []
+        for text, group in zip(*self._split_on_characters(ids)):
+            starts_word = (
+                not words
+                or group[0] >= self.eot
+                or text.startswith(" ")
+                # A substring test, as in the reference: "" and runs such as "()" count as punctuation,
+                # "..." does not. Kept identical so word timings line up with the reference.
+                or text.strip() in string.punctuation
+            )
+            if starts_word:
+                words.append(text)
+                groups.append(list(group))
+            else:
+                words[-1] += text
+                groups[-1].extend(group)
+        return words, groups
+
+
+def get_tokenizer(
+    model_dir_or_tokenizer_json: str | Path,
+    *,
+    multilingual: bool | None = None,
+    language: str | None = None,
+    task: str | None = None,
+    num_languages: int | None = None,
+) -> Tokenizer:
+    """Tokenizer for a model directory (containing tokenizer.json) or a tokenizer.json path.
+
+    The parsed vocabulary is cached per file, so calling this per request is cheap.
+    """
+    return Tokenizer.from_file(
+        model_dir_or_tokenizer_json,
+        multilingual=multilingual,
+        language=language,
+        task=task,
+        num_languages=num_languages,
+    )

@@ -1,0 +1,38 @@
+"""What every weight loader returns: dimensions, an OpenAI-named state dict, and side facts.
+
+All three formats (CTranslate2, OpenAI ``.pt``, Hugging Face) are translated into one naming, the
+one openai-whisper uses (``encoder.blocks.0.attn.query.weight`` ...), so the model class has exactly
+one way to receive weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from whisperkv.model.dims import ModelDims
+
+
+@dataclass
+class Checkpoint:
+    dims: ModelDims
+    state_dict: dict[str, torch.Tensor]
+    #: (decoder layer, head) pairs whose cross-attention follows the audio timing; None if unknown
+    alignment_heads: list[tuple[int, int]] | None = None
+    #: contents of the model's tokenizer.json, when the format carries one
+    tokenizer_json: str | None = None
+    #: where the weights came from and in which format, for provenance and error messages
+    source: str = ""
+    format: str = ""
+    #: storage dtype found in the file (float16, float32, int8 ...)
+    stored_dtype: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def split_fused(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """CTranslate2 fuses Q/K/V (or K/V) projections along the output rows; split them back."""
+    rows = weight.shape[0]
+    if rows % parts:
+        raise ValueError(f"cannot split {rows} rows into {parts} equal projections")
+    return list(torch.split(weight, rows // parts, dim=0))

@@ -1,0 +1,213 @@
+"""Read a CTranslate2 Whisper model directory (``model.bin`` + ``config.json`` + ``tokenizer.json``).
+
+We parse ``model.bin`` ourselves instead of depending on the ctranslate2 runtime. Layout (binary
+version 6, little endian): u32 version, string spec name, u32 spec revision, u32 variable count, then
+per variable: string name, u8 rank, u32 dims[rank], u8 dtype, u32 byte count, raw bytes; then u32 alias
+count and (alias, target) string pairs. A string is a u16 length (with the trailing NUL) and its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from whisperkv.errors import ModelLoadError
+from whisperkv.model.dims import ModelDims
+from whisperkv.weights.checkpoint import Checkpoint, split_fused
+
+# CTranslate2's DataType enum, in its declared order.
+_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
+_DTYPE_NAMES = {0: "float32", 1: "int8", 2: "int16", 3: "int32", 4: "float16", 5: "bfloat16"}
+
+
+class _Reader:
+    def __init__(self, data: bytes, source: str) -> None:
+        self.data, self.pos, self.source = data, 0, source
+
+    def take(self, fmt: str) -> tuple:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise ModelLoadError(f"{self.source}: model.bin is truncated")
+        values = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return values
+
+    def string(self) -> str:
+        (length,) = self.take("<H")
+        raw = self.data[self.pos : self.pos + length]
+        self.pos += length
+        return raw.rstrip(b"\0").decode("utf-8")
+
+
+def read_model_bin(data: bytes, source: str = "model.bin") -> tuple[dict[str, np.ndarray], str]:
+    """Return every variable of a CTranslate2 model.bin as a numpy array, aliases resolved."""
+    r = _Reader(data, source)
+    (version,) = r.take("<I")
+    if version < 5 or version > 6:
+        raise ModelLoadError(f"{source}: unsupported CTranslate2 binary version {version}")
+    spec = r.string()
+    r.take("<I")  # spec revision
+    (count,) = r.take("<I")
+    variables: dict[str, np.ndarray] = {}
+    stored = ""
+    for _ in range(count):
+        name = r.string()
+        (rank,) = r.take("<B")
+        shape = r.take(f"<{rank}I") if rank else ()
+        (dtype_id,) = r.take("<B")
+        (nbytes,) = r.take("<I")
+        if r.pos + nbytes > len(data):
+            raise ModelLoadError(f"{source}: model.bin is truncated inside variable {name}")
+        dtype = _DTYPES.get(dtype_id)
+        if dtype is None:
+            raise ModelLoadError(f"{source}: unknown data type {dtype_id} for {name}")
+        raw = memoryview(data)[r.pos : r.pos + nbytes]
+        r.pos += nbytes
+        if dtype == "bfloat16":
+            as_u16 = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            array = as_u16.view(np.float32)
+        else:
+            array = np.frombuffer(raw, dtype=dtype)
+        variables[name] = array.reshape(shape)
+        if name.endswith("/weight") and array.ndim and name.startswith("encoder/layer_0"):
+            stored = _DTYPE_NAMES[dtype_id]
+    (n_alias,) = r.take("<I")
+    for _ in range(n_alias):
+        alias, target = r.string(), r.string()
+        variables[alias] = variables[target]
+    if spec != "WhisperSpec":
+        raise ModelLoadError(f"{source}: this is a CTranslate2 '{spec}' model, not Whisper")
+    return variables, stored
+
+
+def _tensor(variables: dict[str, np.ndarray], name: str) -> torch.Tensor:
+    """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale."""
+    if name not in variables:
+        raise ModelLoadError(f"model.bin has no variable {name}")
+    array = variables[name]
+    scale = variables.get(name + "_scale")
+    if scale is not None and array.dtype in (np.int8, np.int16):
+        return torch.from_numpy(array.astype(np.float32) / scale.astype(np.float32).reshape(-1, 1))
+    return torch.from_numpy(np.array(array, dtype=np.float32))
+
+
+def _scalar(variables: dict[str, np.ndarray], name: str) -> int:
+    return int(variables[name].reshape(-1)[0])
+
+
+def _count_layers(variables: dict[str, np.ndarray], prefix: str) -> int:
+    n = 0
+    while f"{prefix}/layer_{n}/ffn/linear_0/bias" in variables:
+        n += 1
+    return n
+
+
+def _linear(sd: dict, dst: str, v: dict, src: str, bias: bool = True) -> None:
+    sd[f"{dst}.weight"] = _tensor(v, f"{src}/weight")
+    if bias:
+        sd[f"{dst}.bias"] = _tensor(v, f"{src}/bias")
+
+
+def _norm(sd: dict, dst: str, v: dict, src: str) -> None:
+    sd[f"{dst}.weight"] = _tensor(v, f"{src}/gamma")
+    sd[f"{dst}.bias"] = _tensor(v, f"{src}/beta")
+
+
+def _fused_attention(sd: dict, dst: str, v: dict, src: str, names: list[str]) -> None:
+    """Split a fused projection (Q|K|V or K|V) into OpenAI's separate query/key/value linears."""
+    weights = split_fused(_tensor(v, f"{src}/weight"), len(names))
+    biases = split_fused(_tensor(v, f"{src}/bias"), len(names))
+    for name, w, b in zip(names, weights, biases):
+        sd[f"{dst}.{name}.weight"] = w
+        if name == "key":
+            # Whisper's key projection has no bias; CTranslate2 stores zeros there.
+            if b.abs().max() > 0:
+                raise ModelLoadError(f"{src}: non-zero key bias, not a Whisper attention layer")
+        else:
+            sd[f"{dst}.{name}.bias"] = b
+
+
+def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict[str, torch.Tensor]]:
+    n_enc = _count_layers(v, "encoder")
+    n_dec = _count_layers(v, "decoder")
+    conv1 = v["encoder/conv1/weight"]
+    dims = ModelDims(
+        n_mels=conv1.shape[1],
+        n_audio_ctx=v["encoder/position_encodings/encodings"].shape[0],
+        n_audio_state=conv1.shape[0],
+        n_audio_head=_scalar(v, "encoder/num_heads"),
+        n_audio_layer=n_enc,
+        n_vocab=v["decoder/embeddings/weight"].shape[0],
+        n_text_ctx=v["decoder/position_encodings/encodings"].shape[0],
+        n_text_state=v["decoder/embeddings/weight"].shape[1],
+        n_text_head=_scalar(v, "decoder/num_heads"),
+        n_text_layer=n_dec,
+    )
+    sd: dict[str, torch.Tensor] = {}
+    _linear(sd, "encoder.conv1", v, "encoder/conv1")
+    _linear(sd, "encoder.conv2", v, "encoder/conv2")
+    sd["encoder.positional_embedding"] = _tensor(v, "encoder/position_encodings/encodings")
+    for i in range(n_enc):
+        s, d = f"encoder/layer_{i}", f"encoder.blocks.{i}"
+        _norm(sd, f"{d}.attn_ln", v, f"{s}/self_attention/layer_norm")
+        _fused_attention(sd, f"{d}.attn", v, f"{s}/self_attention/linear_0", ["query", "key", "value"])
+        _linear(sd, f"{d}.attn.out", v, f"{s}/self_attention/linear_1")
+        _norm(sd, f"{d}.mlp_ln", v, f"{s}/ffn/layer_norm")
+        _linear(sd, f"{d}.mlp.0", v, f"{s}/ffn/linear_0")
+        _linear(sd, f"{d}.mlp.2", v, f"{s}/ffn/linear_1")
+    _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
+
+    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
+    sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
+    for i in range(n_dec):
+        s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
+        _norm(sd, f"{d}.attn_ln", v, f"{s}/self_attention/layer_norm")
+        _fused_attention(sd, f"{d}.attn", v, f"{s}/self_attention/linear_0", ["query", "key", "value"])
+        _linear(sd, f"{d}.attn.out", v, f"{s}/self_attention/linear_1")
+        _norm(sd, f"{d}.cross_attn_ln", v, f"{s}/attention/layer_norm")
+        _linear(sd, f"{d}.cross_attn.query", v, f"{s}/attention/linear_0")
+        _fused_attention(sd, f"{d}.cross_attn", v, f"{s}/attention/linear_1", ["key", "value"])
+        _linear(sd, f"{d}.cross_attn.out", v, f"{s}/attention/linear_2")
+        _norm(sd, f"{d}.mlp_ln", v, f"{s}/ffn/layer_norm")
+        _linear(sd, f"{d}.mlp.0", v, f"{s}/ffn/linear_0")
+        _linear(sd, f"{d}.mlp.2", v, f"{s}/ffn/linear_1")
+    _norm(sd, "decoder.ln", v, "decoder/layer_norm")
+    return dims, sd
+
+
+def is_ctranslate2_dir(path: Path) -> bool:
+    return path.is_dir() and ((path / "model.bin").is_file() or any(path.glob("model.bin.part*")))
+
+
+def read_model_bytes(path: Path) -> bytes:
+    """model.bin, or its split parts (model.bin.part1, .part2 ...) concatenated in order."""
+    whole = path / "model.bin"
+    if whole.is_file():
+        return whole.read_bytes()
+    parts = sorted(path.glob("model.bin.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
+    return b"".join(p.read_bytes() for p in parts)
+
+
+def load_ctranslate2(path: str | Path, model_bytes: bytes | None = None) -> Checkpoint:
+    """Load a CTranslate2 directory; ``model_bytes`` lets a caller supply a reassembled model.bin."""
+    path = Path(path)
+    data = model_bytes if model_bytes is not None else read_model_bytes(path)
+    variables, stored = read_model_bin(data, str(path / "model.bin"))
+    dims, sd = ctranslate2_to_state_dict(variables)
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    heads = config.get("alignment_heads")
+    tok = path / "tokenizer.json"
+    return Checkpoint(
+        dims=dims,
+        state_dict=sd,
+        alignment_heads=[tuple(h) for h in heads] if heads else None,
+        tokenizer_json=tok.read_text(encoding="utf-8") if tok.is_file() else None,
+        source=str(path),
+        format="ctranslate2",
+        stored_dtype=stored,
+        extra={"suppress_ids": config.get("suppress_ids"), "lang_ids": config.get("lang_ids")},
+    )

@@ -1,0 +1,47 @@
+"""OpenAI ``.pt`` checkpoints: ``{"dims": {...}, "model_state_dict": {...}}``, already in our naming.
+
+Files we write also carry ``alignment_heads`` and ``tokenizer_json`` keys, which openai-whisper
+ignores, so one exported file serves both engines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from whisperkv.errors import ModelLoadError
+from whisperkv.model.dims import ModelDims
+from whisperkv.weights.checkpoint import Checkpoint
+
+
+def load_openai_pt(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+        raise ModelLoadError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from exc
+    if not isinstance(data, dict) or "dims" not in data or "model_state_dict" not in data:
+        raise ModelLoadError(f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')")
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in data["model_state_dict"].items()}
+    stored = str(next(iter(data["model_state_dict"].values())).dtype).replace("torch.", "")
+    heads = data.get("alignment_heads")
+    return Checkpoint(
+        dims=ModelDims(**data["dims"]),
+        state_dict=sd,
+        alignment_heads=[tuple(h) for h in heads] if heads else None,
+        tokenizer_json=data.get("tokenizer_json"),
+        source=str(path),
+        format="openai-pt",
+        stored_dtype=stored,
+    )
+
+
+def save_openai_pt(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.state_dict.items()}
+    payload = {"dims": checkpoint.dims.to_dict(), "model_state_dict": sd}
+    if checkpoint.alignment_heads:
+        payload["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
+    if checkpoint.tokenizer_json:
+        payload["tokenizer_json"] = checkpoint.tokenizer_json
+    torch.save(payload, path)
