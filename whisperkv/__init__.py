@@ -1,1 +1,32 @@
-"""whisperkv: Whisper speech recognition with first-class Self-KV and Cross-KV caches."""
+"""whisperkv: Whisper speech recognition with first-class Self-KV and Cross-KV caches.
+
+    import whisperkv
+    model = whisperkv.load_model("tiny.en")        # offline: the embedded default model
+    result = model.transcribe("speech.flac")       # {"text", "segments", "language", "cache"}
+"""
+
+from whisperkv.audio import load_audio, log_mel_spectrogram, pad_or_trim
+from whisperkv.decoding.decode import decode
+from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.errors import AudioError, CacheReuseError, ModelLoadError, WhisperKVError
+from whisperkv.model import load_model
+from whisperkv.transcribe import transcribe
+from whisperkv.weights import available_models
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AudioError",
+    "CacheReuseError",
+    "DecodingOptions",
+    "DecodingResult",
+    "ModelLoadError",
+    "WhisperKVError",
+    "available_models",
+    "decode",
+    "load_audio",
+    "load_model",
+    "log_mel_spectrogram",
+    "pad_or_trim",
+    "transcribe",
+]

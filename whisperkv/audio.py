@@ -64,10 +64,10 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
         container = av.open(os.fspath(path))
     except EOFError as e:  # PyAV's EOFError: the file ends before its header does
         raise AudioError(source, "truncated or corrupt audio (file ends inside the header)") from e
-    except av.FFmpegError as e:
-        raise AudioError(source, f"not an audio file ({_describe(e)})") from e
-    except OSError as e:
+    except OSError as e:  # e.g. permission denied
         raise AudioError(source, f"cannot read file ({_describe(e)})") from e
+    except av.FFmpegError as e:  # no demuxer recognises the bytes
+        raise AudioError(source, f"not an audio file ({_describe(e)})") from e
 
     with container:
         if not container.streams.audio:
@@ -93,12 +93,13 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
         if demuxer_flagged_short_read and not _wav_length_unknown(file):
             # The demuxer asked for bytes the header promised and the file did not have.
             raise AudioError(source, "truncated or corrupt audio (file ends before its header says)")
-        if stream.codec_context.name == "flac" and stream.duration and decoded_samples < stream.duration:
-            # FLAC's STREAMINFO records the exact sample count (FFmpeg leaves it unset when it is 0).
-            raise AudioError(
-                source,
-                f"truncated or corrupt audio (decoded {decoded_samples} of {stream.duration} samples)",
-            )
+        if stream.codec_context.name == "flac" and stream.duration:
+            # FLAC's STREAMINFO records the exact sample count (FFmpeg leaves duration unset when it is 0).
+            declared = round(stream.duration * stream.time_base * stream.codec_context.sample_rate)
+            if decoded_samples < declared:
+                raise AudioError(
+                    source, f"truncated or corrupt audio (decoded {decoded_samples} of {declared} samples)"
+                )
         # Not provable: MP3 has no reliable length field (FFmpeg may estimate it from the bitrate), and
         # Ogg's length is read from its last complete page, so a cut-off MP3 or Ogg decodes as shorter audio.
 
@@ -119,22 +120,30 @@ def _describe(error: Exception) -> str:
     return text[0].lower() + text[1:]
 
 
-def _wav_length_unknown(file: Path) -> bool:
-    """True for a RIFF/WAVE file whose data chunk declares the placeholder size 0 or 0xFFFFFFFF.
+_WAV_PLACEHOLDER_SIZE = 0x7FFF0000  # data sizes from here up are "unknown", not a real 2-4 GiB length
 
-    Recorders that stream to a pipe cannot go back and fill in the size, so they leave a placeholder and
-    FFmpeg reads to the end of the file. Its last read then comes up short and it flags the packet as
-    corrupt, although nothing is missing. Only for these files is that flag not evidence of truncation.
+
+def _wav_length_unknown(file: Path) -> bool:
+    """True for a RIFF/WAVE file whose data chunk size is a placeholder rather than a real length.
+
+    Programs that write WAV to a pipe cannot go back and fill in the size, so they leave 0 or a value
+    at the limit of a 32-bit field (0xFFFFFFFF, or 0x7FFFFFFF if signed). FFmpeg then reads to the end of the
+    file, its last read comes up short, and it flags that packet as corrupt although nothing is missing.
+    Only for these files is the flag not evidence of truncation. (The price: a real WAV of 2 GiB or more
+    that was cut short is not caught.)
     """
-    with open(file, "rb") as f:
-        riff = f.read(12)
-        if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
-            return False
-        while len(header := f.read(8)) == 8:
-            chunk_id, size = header[:4], int.from_bytes(header[4:], "little")
-            if chunk_id == b"data":
-                return size in (0, 0xFFFFFFFF)
-            f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even length
+    try:
+        with open(file, "rb") as f:
+            riff = f.read(12)
+            if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+                return False
+            while len(header := f.read(8)) == 8:
+                chunk_id, size = header[:4], int.from_bytes(header[4:], "little")
+                if chunk_id == b"data":
+                    return size == 0 or size >= _WAV_PLACEHOLDER_SIZE
+                f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even length
+    except OSError:
+        pass
     return False
 
 
@@ -187,7 +196,7 @@ def _mel_to_hz(mel: torch.Tensor) -> torch.Tensor:
     return torch.where(mel >= 15.0, log_part, linear)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mel_filters(n_mels: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The Slaney-normalised Mel filterbank Whisper was trained with, shape [n_mels, N_FFT // 2 + 1].
 

@@ -157,11 +157,16 @@ TASKS = ("transcribe", "translate")
 # has 50257. That id is the cleanest single fact that tells the two vocabularies apart.
 _GPT2_EOT = 50256
 
+# Older tokenizer.json files (e.g. tiny.en's) spell some language tokens with retired ISO codes.
+_LEGACY_LANGUAGE_CODES = {"iw": "he"}
+
 # Languages written without spaces between words: word boundaries fall on character boundaries.
 _UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 
 # GPT-2's pre-tokenizer: BPE never merges across these pieces.
-_PRETOKENIZE = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+_PRETOKENIZE = regex.compile(
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
 
 # Symbols the reference suppresses by default so that the decoder does not invent speaker tags,
 # sound-effect annotations or music notes that were not spoken.
@@ -238,7 +243,7 @@ class _Vocabulary:
         # Every id below <|endoftext|> is a plain BPE token; everything from eot upward is special.
         token_bytes: list[bytes | None] = [None] * self.eot
         for key, token_id in vocab.items():
-            if token_id < self.eot:
+            if 0 <= token_id < self.eot:
                 try:
                     token_bytes[token_id] = _vocab_key_to_bytes(key)
                 except ValueError as exc:
@@ -251,6 +256,14 @@ class _Vocabulary:
         # id doubles as merge rank. The multilingual file holds one empty entry; it can never match.
         self.ranks: dict[bytes, int] = {b: i for i, b in enumerate(self.token_bytes) if b}
         self.special_names: dict[int, str] = {token_id: name for name, token_id in self.specials.items()}
+
+        # Language code -> <|xx|> id, in id order (the order of the model's language logits).
+        self.languages: dict[str, int] = {}
+        for token_id, name in sorted(self.special_names.items()):
+            if name.startswith("<|") and name.endswith("|>"):
+                code = _LEGACY_LANGUAGE_CODES.get(name[2:-2], name[2:-2])
+                if code in LANGUAGES:
+                    self.languages[code] = token_id
         self.encode_piece = lru_cache(maxsize=1 << 16)(self._encode_piece)
 
     def _encode_piece(self, piece: bytes) -> tuple[int, ...]:
@@ -327,7 +340,7 @@ class Tokenizer:
             raise TokenizerOptionError(f"unknown task {task!r}; expected one of {TASKS}")
         if language is not None:
             language = _normalize_language(language)
-            if f"<|{language}|>" not in vocabulary.specials:
+            if language not in vocabulary.languages:
                 raise TokenizerOptionError(
                     f"language {language!r} ({LANGUAGES[language]}) is not in this model's vocabulary"
                 )
@@ -365,7 +378,9 @@ class Tokenizer:
         is_multilingual = vocabulary.eot != _GPT2_EOT
         if multilingual is not None and multilingual != is_multilingual:
             kind = "multilingual" if is_multilingual else "English-only"
-            raise ModelLoadError(f"{vocabulary.path}: is a {kind} vocabulary, but multilingual={multilingual}")
+            raise ModelLoadError(
+                f"{vocabulary.path}: is a {kind} vocabulary, but multilingual={multilingual}"
+            )
         tokenizer = cls(vocabulary, multilingual=is_multilingual, language=language, task=task)
         if num_languages is not None and num_languages != len(tokenizer.all_language_codes):
             raise ModelLoadError(
@@ -530,16 +545,12 @@ class Tokenizer:
     @cached_property
     def all_language_tokens(self) -> tuple[int, ...]:
         """Ids of the <|xx|> tokens this model knows, in id order (the order of its language logits)."""
-        found = [
-            token_id
-            for name, token_id in self._vocab.specials.items()
-            if name.startswith("<|") and name.endswith("|>") and name[2:-2] in LANGUAGES
-        ]
-        return tuple(sorted(found))
+        return tuple(self._vocab.languages.values())
 
     @cached_property
     def all_language_codes(self) -> tuple[str, ...]:
-        return tuple(self._vocab.special_names[token_id][2:-2] for token_id in self.all_language_tokens)
+        """Codes of :attr:`all_language_tokens`, in the same order; "he" even where the file says <|iw|>."""
+        return tuple(self._vocab.languages)
 
     def language_token(self, language: str | None = None) -> int:
         """Id of <|xx|> for a code or language name; defaults to this tokenizer's language."""
@@ -548,7 +559,7 @@ class Tokenizer:
                 raise TokenizerOptionError("no language given and none configured")
             language = self.language
         code = _normalize_language(language)
-        token_id = self._vocab.specials.get(f"<|{code}|>")
+        token_id = self._vocab.languages.get(code)
         if token_id is None:
             raise TokenizerOptionError(f"language {code!r} is not in this model's vocabulary")
         return token_id
@@ -645,7 +656,7 @@ class Tokenizer:
     def _split_on_spaces(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
         words: list[str] = []
         groups: list[list[int]] = []
-        for text, group in zip(*self._split_on_characters(ids)):
+        for text, group in zip(*self._split_on_characters(ids), strict=True):
             starts_word = (
                 not words
                 or group[0] >= self.eot

@@ -17,7 +17,7 @@ def model_from_checkpoint(
     model = Whisper(ckpt.dims)
     model.load_state_dict(ckpt.state_dict, strict=True)
     model.alignment_heads = ckpt.alignment_heads
-    model.tokenizer_json = ckpt.tokenizer_json
+    model.tokenizer_path = ckpt.tokenizer_path
     model.name = ckpt.extra.get("name", "")
     model.source = ckpt.source
     model.requires_grad_(False)

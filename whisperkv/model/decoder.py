@@ -61,27 +61,26 @@ class TextDecoder(nn.Module):
     def n_ctx(self) -> int:
         return self.positional_embedding.shape[0]
 
-    def new_cache(
-        self,
-        audio_features: torch.Tensor,
-        encoder_provenance: EncoderProvenance,
-        batch_size: int | None = None,
-        capacity: int | None = None,
-    ) -> DecoderCache:
-        """Project the Cross-KV of every layer once, and allocate an empty Self-KV per layer.
-
-        ``batch_size`` may be a multiple of the audio batch (beams of the same window); the Cross-KV
-        keeps the audio batch and is shared, not copied.
-        """
-        rows = batch_size or audio_features.shape[0]
-        width = self.token_embedding.weight.shape[1]
-        dtype, device = audio_features.dtype, audio_features.device
-        cross = [
+    def project_cross_kv(
+        self, audio_features: torch.Tensor, encoder_provenance: EncoderProvenance
+    ) -> list[CrossKV]:
+        """Every layer's Cross-KV for one encoder output: projected once, then only read."""
+        return [
             CrossKV.project(block.cross_attn, audio_features, CrossKVProvenance(encoder_provenance, i))
             for i, block in enumerate(self.blocks)
         ]
-        selfs = [SelfKV(i, rows, capacity or self.n_ctx, width, dtype, device) for i in range(len(self.blocks))]
-        return DecoderCache(selfs, cross)
+
+    def new_cache(self, cross_kv: list[CrossKV], batch_size: int | None = None) -> DecoderCache:
+        """An empty Self-KV per layer beside the given Cross-KV.
+
+        ``batch_size`` may be a multiple of the audio batch (beams, best-of samples of one window);
+        the Cross-KV keeps the audio batch and is shared by those rows, not copied.
+        """
+        key = cross_kv[0].key
+        rows = batch_size or key.shape[0]
+        width = self.token_embedding.weight.shape[1]
+        selfs = [SelfKV(i, rows, self.n_ctx, width, key.dtype, key.device) for i in range(len(self.blocks))]
+        return DecoderCache(selfs, cross_kv)
 
     def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         end = offset + tokens.shape[-1]

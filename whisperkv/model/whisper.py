@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +35,7 @@ class Whisper(nn.Module):
             dims.n_vocab, dims.n_text_ctx, dims.n_text_state, dims.n_text_head, dims.n_text_layer
         )
         self.alignment_heads: list[tuple[int, int]] | None = None
-        self.tokenizer_json: str | None = None
+        self.tokenizer_path: Path | None = None
         self.name = ""
         self.source = ""
 
@@ -67,11 +68,13 @@ class Whisper(nn.Module):
     def tokenizer(self) -> Tokenizer:
         from whisperkv.tokenizer import Tokenizer
 
-        if self.tokenizer_json is None:
-            from whisperkv.weights.registry import default_tokenizer_json
+        if self.tokenizer_path is None:
+            from whisperkv.weights.registry import default_tokenizer_path
 
-            self.tokenizer_json = default_tokenizer_json(self.dims)
-        return Tokenizer.from_json(self.tokenizer_json, num_languages=self.num_languages)
+            self.tokenizer_path = default_tokenizer_path(self.dims)
+        return Tokenizer.from_file(
+            self.tokenizer_path, multilingual=self.is_multilingual, num_languages=self.num_languages
+        )
 
     def frontend(self) -> str:
         return f"n_mels={self.dims.n_mels},n_fft=400,hop=160"

@@ -8,6 +8,7 @@ one way to receive weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -20,8 +21,8 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]
     #: (decoder layer, head) pairs whose cross-attention follows the audio timing; None if unknown
     alignment_heads: list[tuple[int, int]] | None = None
-    #: contents of the model's tokenizer.json, when the format carries one
-    tokenizer_json: str | None = None
+    #: the model's tokenizer.json, when the weights come with one
+    tokenizer_path: Path | None = None
     #: where the weights came from and in which format, for provenance and error messages
     source: str = ""
     format: str = ""

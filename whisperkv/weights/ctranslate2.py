@@ -205,7 +205,7 @@ def load_ctranslate2(path: str | Path, model_bytes: bytes | None = None) -> Chec
         dims=dims,
         state_dict=sd,
         alignment_heads=[tuple(h) for h in heads] if heads else None,
-        tokenizer_json=tok.read_text(encoding="utf-8") if tok.is_file() else None,
+        tokenizer_path=tok if tok.is_file() else None,
         source=str(path),
         format="ctranslate2",
         stored_dtype=stored,

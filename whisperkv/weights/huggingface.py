@@ -7,6 +7,7 @@ module owns the two-way name map, so the model class only ever sees OpenAI names
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ def load_huggingface(path: str | Path) -> Checkpoint:
         dims=dims,
         state_dict=sd,
         alignment_heads=[tuple(h) for h in heads] if heads else None,
-        tokenizer_json=tok.read_text(encoding="utf-8") if tok.is_file() else None,
+        tokenizer_path=tok if tok.is_file() else None,
         source=str(path),
         format="huggingface",
         stored_dtype=stored,
@@ -140,5 +141,5 @@ def save_huggingface(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtyp
     if checkpoint.alignment_heads:
         cfg["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    if checkpoint.tokenizer_json:
-        (path / "tokenizer.json").write_text(checkpoint.tokenizer_json, encoding="utf-8")
+    if checkpoint.tokenizer_path:
+        shutil.copyfile(checkpoint.tokenizer_path, path / "tokenizer.json")

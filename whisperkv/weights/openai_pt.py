@@ -1,7 +1,8 @@
 """OpenAI ``.pt`` checkpoints: ``{"dims": {...}, "model_state_dict": {...}}``, already in our naming.
 
-Files we write also carry ``alignment_heads`` and ``tokenizer_json`` keys, which openai-whisper
-ignores, so one exported file serves both engines.
+Files we write also carry an ``alignment_heads`` key, which openai-whisper ignores, so one exported
+file serves both engines. The vocabulary is a ``tokenizer.json`` beside the file, or else the packaged
+one that matches the model's vocabulary size.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def load_openai_pt(path: str | Path) -> Checkpoint:
         dims=ModelDims(**data["dims"]),
         state_dict=sd,
         alignment_heads=[tuple(h) for h in heads] if heads else None,
-        tokenizer_json=data.get("tokenizer_json"),
+        tokenizer_path=path.parent / "tokenizer.json" if (path.parent / "tokenizer.json").is_file() else None,
         source=str(path),
         format="openai-pt",
         stored_dtype=stored,
@@ -42,6 +43,4 @@ def save_openai_pt(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype 
     payload = {"dims": checkpoint.dims.to_dict(), "model_state_dict": sd}
     if checkpoint.alignment_heads:
         payload["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
-    if checkpoint.tokenizer_json:
-        payload["tokenizer_json"] = checkpoint.tokenizer_json
     torch.save(payload, path)

@@ -95,15 +95,15 @@ def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
     return ckpt
 
 
-def default_tokenizer_json(dims: ModelDims) -> str:
-    """The packaged tokenizer.json matching a model's vocabulary, for formats that carry none."""
+def default_tokenizer_path(dims: ModelDims) -> Path:
+    """The packaged tokenizer.json matching a model's vocabulary, for weights that come without one."""
     if not dims.is_multilingual:
         d = _tiny_en_dir()
         if d is not None:
-            return (d / "tokenizer.json").read_text(encoding="utf-8")
-    else:
+            return d / "tokenizer.json"
+    elif dims.num_languages == 99:
         parts = _base_parts()
         if parts is not None:
-            return (parts[0] / "tokenizer.json").read_text(encoding="utf-8")
+            return parts[0] / "tokenizer.json"
     kind = "multilingual" if dims.is_multilingual else "English-only"
     raise ModelLoadError(f"no tokenizer.json for this {kind} model, and no packaged one to fall back on")

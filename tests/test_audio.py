@@ -1,0 +1,365 @@
+"""Tests for whisperkv.audio: decoding, error handling, the Mel filterbank and the log-Mel spectrogram."""
+
+from __future__ import annotations
+
+import csv
+import struct
+import wave
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from whisperkv.audio import (
+    HOP_LENGTH,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    audio_duration,
+    load_audio,
+    log_mel_spectrogram,
+    mel_filters,
+    pad_or_trim,
+)
+from whisperkv.errors import AudioError
+
+SPEECH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "speech"
+TONE_HZ = 440.0
+# Left and right carry the same tone at different levels; a correct downmix averages them.
+LEFT_AMPLITUDE, RIGHT_AMPLITUDE = 0.6, 0.2
+MONO_RMS = (LEFT_AMPLITUDE + RIGHT_AMPLITUDE) / 2 / np.sqrt(2)
+
+
+# --- helpers --------------------------------------------------------------------------------------------
+
+
+def _manifest() -> list[dict[str, str]]:
+    path = SPEECH_DIR / "manifest.tsv"
+    if not path.is_file():
+        pytest.skip(f"speech set not found at {SPEECH_DIR}")
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def _clip(suffix: str) -> dict[str, str]:
+    """The first short (< 6 s) manifest clip with the given file suffix."""
+    rows = [r for r in _manifest() if r["file"].endswith(suffix) and float(r["duration_s"]) < 6]
+    if not rows:
+        pytest.skip(f"no {suffix} clip in the speech set")
+    return rows[0]
+
+
+def _stereo_tone(rate: int, seconds: float) -> np.ndarray:
+    """A TONE_HZ sine, louder on the left than on the right, as int16 of shape [n, 2]."""
+    t = np.arange(int(rate * seconds)) / rate
+    tone = np.sin(2 * np.pi * TONE_HZ * t)
+    stereo = np.stack([LEFT_AMPLITUDE * tone, RIGHT_AMPLITUDE * tone], axis=1)
+    return np.round(stereo * 32767).astype(np.int16)
+
+
+def _write_wav(path: Path, rate: int, samples: np.ndarray) -> Path:
+    """Write int16 samples of shape [n, channels] with the stdlib wave module."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(samples.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return path
+
+
+def _encode_with_pyav(
+    path: Path, container_format: str, codec: str, source_rate: int, codec_rate: int
+) -> None:
+    """Encode a 3 s stereo tone sampled at ``source_rate`` with ``codec`` running at ``codec_rate``.
+
+    PyAV's encoder converts sample format, rate and frame size itself, so s16 frames of any size do.
+    """
+    samples = _stereo_tone(source_rate, 3.0)
+    with av.open(str(path), "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=codec_rate, layout="stereo")
+        for start in range(0, len(samples), 1024):
+            block = samples[start : start + 1024]
+            frame = av.AudioFrame.from_ndarray(block.reshape(1, -1), format="s16", layout="stereo")
+            frame.sample_rate = source_rate
+            frame.pts = start
+            frame.time_base = Fraction(1, source_rate)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+
+
+def _peak_hz(waveform: np.ndarray) -> float:
+    spectrum = np.abs(np.fft.rfft(waveform * np.hanning(len(waveform))))
+    return float(np.fft.rfftfreq(len(waveform), 1 / SAMPLE_RATE)[np.argmax(spectrum)])
+
+
+def _rms(waveform: np.ndarray) -> float:
+    middle = waveform[len(waveform) // 4 : -len(waveform) // 4]  # skip codec start-up and tail
+    return float(np.sqrt(np.mean(middle.astype(np.float64) ** 2)))
+
+
+# --- 1. real clips --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".wav", ".flac", ".mp3"])
+def test_load_real_clip(suffix: str) -> None:
+    row = _clip(suffix)
+    waveform = load_audio(SPEECH_DIR / row["file"])
+    assert waveform.dtype == np.float32
+    assert waveform.ndim == 1
+    assert abs(len(waveform) / SAMPLE_RATE - float(row["duration_s"])) < 0.05
+    assert audio_duration(waveform) == len(waveform) / SAMPLE_RATE
+    assert waveform.min() >= -1.0 and waveform.max() < 1.0
+    assert np.abs(waveform).max() > 0.01  # speech, not silence
+    # Samples are int16 / 32768, as from `ffmpeg -f s16le`.
+    np.testing.assert_array_equal(waveform * 32768.0, np.round(waveform * 32768.0))
+
+
+def test_load_at_another_rate() -> None:
+    row = _clip(".flac")
+    waveform = load_audio(str(SPEECH_DIR / row["file"]), sr=8000)
+    assert abs(len(waveform) / 8000 - float(row["duration_s"])) < 0.05
+
+
+# --- 2. formats the speech set lacks, other rates and channel counts ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("suffix", "container_format", "codec", "source_rate", "codec_rate"),
+    [
+        (".ogg", "ogg", "libopus", 44100, 48000),  # Opus only runs at 8/12/16/24/48 kHz
+        (".m4a", "mp4", "aac", 44100, 44100),
+        (".mp3", "mp3", "libmp3lame", 22050, 22050),
+        (".flac", "flac", "flac", 96000, 96000),
+    ],
+)
+def test_load_synthesised_formats(
+    tmp_path: Path, suffix: str, container_format: str, codec: str, source_rate: int, codec_rate: int
+) -> None:
+    path = tmp_path / f"tone{suffix}"
+    _encode_with_pyav(path, container_format, codec, source_rate, codec_rate)
+    with av.open(str(path)) as container:  # the file really is what the test claims
+        stream = container.streams.audio[0]
+        assert (stream.codec_context.sample_rate, stream.codec_context.channels) == (codec_rate, 2)
+
+    waveform = load_audio(path)
+    assert waveform.dtype == np.float32 and waveform.ndim == 1
+    assert abs(len(waveform) / SAMPLE_RATE - 3.0) < 0.05
+    assert abs(_peak_hz(waveform) - TONE_HZ) < 2.0
+    assert _rms(waveform) == pytest.approx(MONO_RMS, rel=0.1)
+
+
+# --- 3. wav at other rates and channel counts (stdlib wave) ---------------------------------------------
+
+
+@pytest.mark.parametrize(("rate", "channels"), [(8000, 1), (8000, 2), (48000, 2), (44100, 6)])
+def test_load_wav_rates_and_channels(tmp_path: Path, rate: int, channels: int) -> None:
+    stereo = _stereo_tone(rate, 2.0)
+    if channels == 2:
+        samples, expected_rms = stereo, MONO_RMS
+    else:
+        # Beyond stereo FFmpeg weights channels by their role (5.1: centre 1, surrounds 0.707, LFE 0) and
+        # normalises; the same signal on every channel must come through at its own level.
+        samples, expected_rms = np.repeat(stereo[:, :1], channels, axis=1), LEFT_AMPLITUDE / np.sqrt(2)
+    waveform = load_audio(_write_wav(tmp_path / "tone.wav", rate, samples))
+    assert abs(len(waveform) - 2 * SAMPLE_RATE) <= 2
+    assert abs(_peak_hz(waveform) - TONE_HZ) < 1.0
+    assert _rms(waveform) == pytest.approx(expected_rms, rel=0.02)
+
+
+def test_16khz_mono_wav_is_bit_exact(tmp_path: Path) -> None:
+    samples = np.random.default_rng(0).integers(-32768, 32768, size=(12345, 1), dtype=np.int16)
+    samples[:2, 0] = [-32768, 32767]  # both extremes of int16
+    waveform = load_audio(_write_wav(tmp_path / "noise.wav", SAMPLE_RATE, samples))
+    np.testing.assert_array_equal(waveform, samples[:, 0] / np.float32(32768.0))
+    assert waveform.min() == -1.0 and waveform.max() < 1.0
+
+
+def test_streamed_wav_with_placeholder_size_is_not_truncated(tmp_path: Path) -> None:
+    """A WAV written to a pipe says its data size is 0xFFFFFFFF. FFmpeg flags the last packet as short,
+    but nothing is missing, so this must decode in full."""
+    path = _write_wav(tmp_path / "streamed.wav", 8000, _stereo_tone(8000, 1.0))
+    data = bytearray(path.read_bytes())
+    size_at = data.index(b"data") + 4
+    data[size_at : size_at + 4] = struct.pack("<I", 0xFFFFFFFF)
+    path.write_bytes(bytes(data))
+    assert abs(len(load_audio(path)) - SAMPLE_RATE) <= 2
+
+
+# --- 4. bad input ---------------------------------------------------------------------------------------
+
+
+def _assert_audio_error(path: Path, reason: str) -> None:
+    with pytest.raises(AudioError) as caught:
+        load_audio(path)
+    assert caught.value.source == str(path)
+    assert str(path) in str(caught.value)
+    assert reason in caught.value.reason
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    _assert_audio_error(tmp_path / "nope.wav", "file not found")
+
+
+def test_directory(tmp_path: Path) -> None:
+    _assert_audio_error(tmp_path, "directory")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.wav"
+    path.write_bytes(b"")
+    _assert_audio_error(path, "empty file")
+
+
+def test_text_file_named_wav(tmp_path: Path) -> None:
+    path = tmp_path / "notes.wav"
+    path.write_text("these are meeting notes, not a recording\n" * 20)
+    _assert_audio_error(path, "not an audio file (")
+
+
+def test_file_without_audio_stream(tmp_path: Path) -> None:
+    path = tmp_path / "captions.srt"  # FFmpeg opens subtitles fine: one subtitle stream, no audio
+    path.write_text("1\n00:00:01,000 --> 00:00:02,000\nHello\n\n2\n00:00:03,000 --> 00:00:04,000\nWorld\n")
+    _assert_audio_error(path, "no audio stream")
+
+
+def test_zero_length_wav(tmp_path: Path) -> None:
+    path = _write_wav(tmp_path / "silent.wav", SAMPLE_RATE, np.zeros((0, 1), dtype=np.int16))
+    assert path.stat().st_size == 44  # a complete, valid header
+    _assert_audio_error(path, "no audio samples")
+
+
+def test_flac_truncated_to_half(tmp_path: Path) -> None:
+    data = (SPEECH_DIR / _clip(".flac")["file"]).read_bytes()
+    path = tmp_path / "half.flac"
+    path.write_bytes(data[: len(data) // 2])
+    # FFmpeg's FLAC decoder fails on the cut frame ("invalid residual") after decoding the frames before it.
+    _assert_audio_error(path, "truncated or corrupt audio")
+
+
+def test_flac_truncated_at_frame_boundary(tmp_path: Path) -> None:
+    """Cut exactly between frames, every remaining frame decodes cleanly; STREAMINFO's count catches it."""
+    source = SPEECH_DIR / _clip(".flac")["file"]
+    with av.open(str(source)) as container:
+        frame_offsets = [p.pos for p in container.demux(audio=0) if p.pos is not None]
+    assert len(frame_offsets) > 4
+    path = tmp_path / "cut.flac"
+    path.write_bytes(source.read_bytes()[: frame_offsets[len(frame_offsets) // 2]])
+    _assert_audio_error(path, "truncated or corrupt audio")
+
+
+def test_wav_truncated_to_half(tmp_path: Path) -> None:
+    """The PCM before the cut is intact, so this only shows up as a short read against the header's size."""
+    data = _write_wav(tmp_path / "full.wav", 22050, _stereo_tone(22050, 1.0)).read_bytes()
+    path = tmp_path / "half.wav"
+    path.write_bytes(data[: len(data) // 2])
+    _assert_audio_error(path, "truncated or corrupt audio")
+
+
+def test_mp3_truncated_inside_its_header(tmp_path: Path) -> None:
+    # An MP3 cut anywhere after its first frames decodes without any error signal from FFmpeg (no length
+    # field is reliable), so load_audio cannot tell it is short. A cut inside the leading tag is caught.
+    data = (SPEECH_DIR / _clip(".mp3")["file"]).read_bytes()
+    path = tmp_path / "cut.mp3"
+    path.write_bytes(data[:100])
+    _assert_audio_error(path, "")
+
+
+# --- 5. Mel filterbank ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_match_reference_table(n_mels: int) -> None:
+    whisper = pytest.importorskip("whisper")
+    table = np.load(Path(whisper.__file__).parent / "assets" / "mel_filters.npz")[f"mel_{n_mels}"]
+    filters = mel_filters(n_mels)
+    assert filters.shape == (n_mels, 201) and filters.dtype == torch.float32
+    assert np.abs(filters.numpy() - table).max() <= 1e-6
+    assert mel_filters(n_mels) is filters  # cached
+
+
+def test_mel_filters_rejects_other_sizes() -> None:
+    with pytest.raises(ValueError):
+        mel_filters(64)
+
+
+# --- 6. log-Mel spectrogram -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, np.ndarray]:
+    return {suffix: load_audio(SPEECH_DIR / _clip(suffix)["file"]) for suffix in (".wav", ".flac", ".mp3")}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("suffix", [".wav", ".flac", ".mp3"])
+@pytest.mark.parametrize("n_mels", [80, 128])
+@pytest.mark.parametrize("padding", [0, N_SAMPLES])
+def test_log_mel_matches_reference(
+    clips: dict[str, np.ndarray], suffix: str, n_mels: int, padding: int
+) -> None:
+    whisper_audio = pytest.importorskip("whisper.audio")
+    waveform = clips[suffix]
+    ours = log_mel_spectrogram(waveform, n_mels, padding=padding)
+    theirs = whisper_audio.log_mel_spectrogram(torch.from_numpy(waveform), n_mels, padding=padding)
+    assert ours.shape == theirs.shape == (n_mels, (len(waveform) + padding) // HOP_LENGTH)
+    assert ours.dtype == torch.float32
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_log_mel_properties(clips: dict[str, np.ndarray]) -> None:
+    waveform = clips[".flac"]
+    spec = log_mel_spectrogram(torch.from_numpy(waveform), 80)
+    assert spec.shape == (80, len(waveform) // HOP_LENGTH)
+    assert torch.isfinite(spec).all()
+    # The 8.0 (log10) dynamic-range floor, rescaled by 1/4, bounds the spread to exactly 2.
+    assert (spec.max() - spec.min()).item() == pytest.approx(2.0)
+    # A path gives the same spectrogram as the decoded waveform.
+    from_path = log_mel_spectrogram(str(SPEECH_DIR / _clip(".flac")["file"]), 80)
+    assert torch.equal(from_path, spec)
+
+
+# --- 7. pad_or_trim and silence -------------------------------------------------------------------------
+
+
+def test_pad_or_trim_numpy() -> None:
+    x = np.arange(1, 11, dtype=np.float32)
+    padded = pad_or_trim(x, 15)
+    assert padded.shape == (15,) and padded.dtype == np.float32
+    np.testing.assert_array_equal(padded, np.concatenate([x, np.zeros(5, np.float32)]))
+    np.testing.assert_array_equal(pad_or_trim(x, 4), x[:4])
+    assert pad_or_trim(x, 10) is x
+
+    grid = np.arange(12).reshape(3, 4)
+    assert pad_or_trim(grid, 5, axis=0).shape == (5, 4)
+    np.testing.assert_array_equal(pad_or_trim(grid, 5, axis=0)[3:], 0)
+    np.testing.assert_array_equal(pad_or_trim(grid, 2, axis=-1), grid[:, :2])
+
+
+def test_pad_or_trim_torch() -> None:
+    x = torch.arange(1, 11, dtype=torch.float32)
+    padded = pad_or_trim(x, 15)
+    assert padded.shape == (15,) and padded.dtype == torch.float32
+    assert torch.equal(padded, torch.cat([x, torch.zeros(5)]))
+    assert torch.equal(pad_or_trim(x, 4), x[:4])
+
+    grid = torch.arange(12).reshape(3, 4)
+    assert torch.equal(pad_or_trim(grid, 5, axis=0)[:3], grid)
+    assert torch.equal(pad_or_trim(grid, 5, axis=0)[3:], torch.zeros(2, 4, dtype=grid.dtype))
+    assert torch.equal(pad_or_trim(grid, 6, axis=1)[:, 4:], torch.zeros(3, 2, dtype=grid.dtype))
+    assert torch.equal(pad_or_trim(grid, 2, axis=-1), grid[:, :2])
+
+    mel = torch.randn(80, 1234)
+    assert pad_or_trim(mel, N_FRAMES).shape == (80, N_FRAMES)
+
+
+def test_silence_gives_finite_spectrogram() -> None:
+    spec = log_mel_spectrogram(np.zeros(SAMPLE_RATE, dtype=np.float32), padding=N_SAMPLES)
+    assert spec.shape == (80, (SAMPLE_RATE + N_SAMPLES) // HOP_LENGTH)
+    assert torch.isfinite(spec).all()
+    # Every bin sits at the 1e-10 floor: log10 = -10, then (-10 + 4) / 4.
+    assert torch.all(spec == -1.5)

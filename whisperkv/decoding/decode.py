@@ -1,0 +1,224 @@
+"""Decode one 30 s window: prompt → token loop → ranked result.
+
+The data path, top to bottom:
+1. the encoder output (given, or computed from the Mel window) and its Cross-KV, projected once;
+2. the prompt: [<|startofprev|> previous text] <|startoftranscript|> [lang] [task] [<|notimestamps|>] [prefix];
+3. the prompt goes through the decoder in one call, filling every layer's Self-KV;
+4. then one token per step: filter logits → choose (greedy / sample / beam) → feed only that token;
+   beam search reorders each layer's Self-KV to follow the surviving beams;
+5. candidates are ranked and the best becomes the result.
+
+``options.use_cache=False`` runs the reference twin instead: no cache, the whole prefix recomputed
+at every step. Both paths must produce the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from whisperkv.cache.kv import CrossKV, DecoderCache
+from whisperkv.cache.provenance import EncoderProvenance
+from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
+from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
+from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
+
+if TYPE_CHECKING:
+    from whisperkv.model.whisper import Whisper
+    from whisperkv.tokenizer import Tokenizer
+
+SECONDS_PER_TIMESTAMP = 0.02
+
+
+def check_options(options: DecodingOptions) -> None:
+    if options.beam_size is not None and options.best_of is not None:
+        raise ValueError("beam_size and best_of can't be given together")
+    if options.temperature == 0 and options.best_of is not None:
+        raise ValueError("best_of with greedy sampling (T=0) is not compatible")
+    if options.patience is not None and options.beam_size is None:
+        raise ValueError("patience requires beam_size to be given")
+    if options.length_penalty is not None and not 0 <= options.length_penalty <= 1:
+        raise ValueError("length_penalty (alpha) should be a value between 0 and 1")
+
+
+def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_ctx: int, sample_len: int) -> list[int]:
+    tokens = list(
+        tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence
+    )
+    if options.prefix:
+        prefix = options.prefix
+        prefix_tokens = tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+        prefix_tokens = prefix_tokens[-(n_ctx // 2 - sample_len) :] if n_ctx // 2 - sample_len > 0 else []
+        tokens += prefix_tokens
+    if options.prompt:
+        prompt = options.prompt
+        prompt_tokens = tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+        tokens = [tokenizer.sot_prev] + prompt_tokens[-(n_ctx // 2 - 1) :] + tokens
+    return tokens
+
+
+def suppress_ids(tokenizer: Tokenizer, suppress_tokens: str | list[int] | None) -> list[int]:
+    if isinstance(suppress_tokens, str):
+        ids = [int(t) for t in suppress_tokens.split(",") if t.strip()]
+    else:
+        ids = list(suppress_tokens or [])
+    if -1 in ids:
+        ids = [t for t in ids if t >= 0] + list(tokenizer.non_speech_tokens)
+    ids += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
+    ids.append(tokenizer.no_speech)
+    return sorted(set(ids))
+
+
+def logit_filters(
+    tokenizer: Tokenizer, options: DecodingOptions, sample_begin: int, n_audio_ctx: int
+) -> list[LogitFilter]:
+    filters: list[LogitFilter] = []
+    if options.suppress_blank:
+        filters.append(SuppressBlank(tokenizer.encode(" ") + [tokenizer.eot], sample_begin))
+    if options.suppress_tokens:
+        filters.append(SuppressTokens(suppress_ids(tokenizer, options.suppress_tokens)))
+    if not options.without_timestamps:
+        precision = 30.0 / n_audio_ctx
+        max_index = None
+        if options.max_initial_timestamp:
+            max_index = round(options.max_initial_timestamp / precision)
+        filters.append(
+            TimestampRules(
+                tokenizer.timestamp_begin, tokenizer.eot, tokenizer.no_timestamps, sample_begin, max_index
+            )
+        )
+    return filters
+
+
+def project_cross_kv(model: Whisper, audio_features: torch.Tensor, provenance: EncoderProvenance) -> list[CrossKV]:
+    """Every decoder layer's Cross-KV for one encoder output: computed once, then only read."""
+    return model.decoder.project_cross_kv(audio_features, provenance)
+
+
+@torch.no_grad()
+def decode_window(
+    model: Whisper,
+    tokenizer: Tokenizer,
+    audio_features: torch.Tensor,
+    options: DecodingOptions,
+    cross_kv: list[CrossKV] | None = None,
+    encoder_provenance: EncoderProvenance | None = None,
+    generator: torch.Generator | None = None,
+) -> DecodingResult:
+    """Decode one window's encoder output [1, 1500, d] into the best token sequence.
+
+    ``cross_kv`` lets a caller that already projected this window's Cross-KV (a fallback retry,
+    a second pass) reuse it; it must come from the same ``audio_features``.
+    """
+    check_options(options)
+    n_ctx = model.dims.n_text_ctx
+    sample_len = options.sample_len or n_ctx // 2
+    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
+    sample_begin = len(prompt)
+    sot_index = prompt.index(tokenizer.sot)
+    filters = logit_filters(tokenizer, options, sample_begin, model.dims.n_audio_ctx)
+
+    if options.temperature > 0:
+        n_group = options.best_of or 1
+        searcher: GreedySearch | BeamSearch = GreedySearch(options.temperature, tokenizer.eot, generator)
+    elif options.beam_size:
+        n_group = options.beam_size
+        searcher = BeamSearch(options.beam_size, tokenizer.eot, options.patience)
+    else:
+        n_group = 1
+        searcher = GreedySearch(0.0, tokenizer.eot)
+
+    audio_features = audio_features.to(model.device, model.dtype)
+    tokens = torch.tensor([prompt] * n_group, device=model.device)
+    cache: DecoderCache | None = None
+    if options.use_cache:
+        if cross_kv is None:
+            if encoder_provenance is None:
+                encoder_provenance = model.encoder_provenance(audio_features)
+            cross_kv = model.decoder.project_cross_kv(audio_features, encoder_provenance)
+        cache = model.decoder.new_cache(cross_kv, batch_size=n_group)
+
+    sum_logprobs = torch.zeros(n_group)
+    no_speech_prob = float("nan")
+    step_logits: list[torch.Tensor] | None = [] if options.record_logits else None
+    step_tokens: list[list[int]] | None = [] if options.record_logits else None
+    new = tokens  # what the decoder has not seen yet: the whole prompt, then one token per step
+    for step in range(sample_len):
+        if cache is not None:
+            logits = model.decoder(new, cache)
+        else:
+            logits = model.decoder.forward_uncached(tokens, audio_features)
+        if step == 0:
+            no_speech_prob = float(logits[0, sot_index].softmax(dim=-1)[tokenizer.no_speech])
+        logits = logits[:, -1].clone()
+        if step_logits is not None:
+            step_logits.append(logits.clone().cpu())
+        for f in filters:
+            f.apply(logits, tokens)
+        tokens, completed, sources = searcher.update(tokens, logits, sum_logprobs)
+        if step_tokens is not None:
+            step_tokens.append(tokens[:, -1].tolist())
+        if sources is not None and cache is not None:
+            cache.reorder(sources.to(model.device))  # beams follow their parents' Self-KV
+        if completed or tokens.shape[-1] > n_ctx:
+            break
+        new = tokens[:, -1:]
+
+    candidates, scores = searcher.finalize(tokens.reshape(1, n_group, -1).cpu(), sum_logprobs.reshape(1, n_group))
+    eot = tokenizer.eot
+    texts = []
+    for cand in candidates[0]:
+        cand = cand.tolist() if isinstance(cand, torch.Tensor) else list(cand)
+        texts.append(cand[sample_begin : cand.index(eot, sample_begin)])
+    best = rank(texts, scores[0], options.length_penalty)
+    best_tokens = texts[best]
+    text = tokenizer.decode(best_tokens).strip()
+    result = DecodingResult(
+        audio_features=audio_features[0],
+        language=tokenizer.language or "en",
+        tokens=best_tokens,
+        text=text,
+        avg_logprob=scores[0][best] / (len(best_tokens) + 1),
+        no_speech_prob=no_speech_prob,
+        temperature=options.temperature,
+        compression_ratio=compression_ratio(text),
+        step_logits=step_logits,
+        step_tokens=step_tokens,
+    )
+    if cache is not None:
+        result.cache = cache_report(cache)
+    return result
+
+
+def cache_report(cache: DecoderCache) -> dict:
+    layers = cache.layers()
+    return {
+        "self_kv": [{"layer": s.layer, "shape": list(s.shape), "bytes": s.nbytes} for s in layers["self_kv"]],
+        "cross_kv": [{"layer": s.layer, "shape": list(s.shape), "bytes": s.nbytes} for s in layers["cross_kv"]],
+        "self_kv_bytes": cache.self_kv_nbytes,
+        "self_kv_peak_bytes": cache.peak_self_kv_nbytes,
+        "cross_kv_bytes": cache.cross_kv_nbytes,
+    }
+
+
+def decode(model: Whisper, mel: torch.Tensor, options: DecodingOptions | None = None, **kwargs) -> DecodingResult:
+    """openai-whisper-style entry point: decode one Mel window [n_mels, 3000] (or its features)."""
+    from whisperkv.decoding.language import detect_language_from_features
+
+    options = replace(options or DecodingOptions(), **kwargs)
+    mel = mel if mel.ndim == 3 else mel.unsqueeze(0)
+    if mel.shape[-2:] == (model.dims.n_audio_ctx, model.dims.n_audio_state):
+        features = mel
+    else:
+        features = model.embed_audio(mel)
+    tokenizer = model.tokenizer
+    language_probs = None
+    if model.is_multilingual and options.language is None:
+        language, language_probs = detect_language_from_features(model, features)
+        options = replace(options, language=language)
+    tokenizer = tokenizer.with_options(language=options.language, task=options.task)
+    result = decode_window(model, tokenizer, features, options)
+    result.language_probs = language_probs
+    return result

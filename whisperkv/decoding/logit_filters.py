@@ -1,0 +1,86 @@
+"""Rules applied to the next-token logits before a token is chosen (all edit in place).
+
+* ``SuppressBlank``  — the first sampled token may be neither a space nor end of text.
+* ``SuppressTokens`` — never emit the given ids (non-speech symbols, task/control tokens).
+* ``TimestampRules`` — timestamps come in pairs and never go backwards; the first token is a
+  timestamp no later than ``max_initial_timestamp``; a timestamp is forced when the timestamps'
+  total probability beats every single text token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+class LogitFilter:
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``logits`` [rows, vocab] for the next token given ``tokens`` [rows, length]."""
+        raise NotImplementedError
+
+
+class SuppressBlank(LogitFilter):
+    def __init__(self, blank_ids: Sequence[int], sample_begin: int) -> None:
+        self.blank_ids = list(blank_ids)
+        self.sample_begin = sample_begin
+
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, self.blank_ids] = NEG_INF
+
+
+class SuppressTokens(LogitFilter):
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        logits[:, self.ids] = NEG_INF
+
+
+class TimestampRules(LogitFilter):
+    def __init__(
+        self,
+        timestamp_begin: int,
+        eot: int,
+        no_timestamps: int,
+        sample_begin: int,
+        max_initial_timestamp_index: int | None,
+    ) -> None:
+        self.ts = timestamp_begin
+        self.eot = eot
+        self.no_timestamps = no_timestamps
+        self.sample_begin = sample_begin
+        self.max_initial_index = max_initial_timestamp_index
+
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        ts = self.ts
+        logits[:, self.no_timestamps] = NEG_INF
+        for row in range(tokens.shape[0]):
+            sampled = tokens[row, self.sample_begin :].tolist()
+            last_is_ts = len(sampled) >= 1 and sampled[-1] >= ts
+            penultimate_is_ts = len(sampled) < 2 or sampled[-2] >= ts
+            if last_is_ts:
+                if penultimate_is_ts:  # a pair just closed (or it opened the text): text must follow
+                    logits[row, ts:] = NEG_INF
+                else:  # a single timestamp after text: close it with a timestamp or end of text
+                    logits[row, : self.eot] = NEG_INF
+            stamps = [t for t in sampled if t >= ts]
+            if stamps:
+                # never go back in time; after a closing stamp, the next one must be strictly later
+                floor = stamps[-1] if (last_is_ts and not penultimate_is_ts) else stamps[-1] + 1
+                logits[row, ts:floor] = NEG_INF
+
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, :ts] = NEG_INF  # the first token is a timestamp
+            if self.max_initial_index is not None:
+                logits[:, ts + self.max_initial_index + 1 :] = NEG_INF
+
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        timestamp_mass = logprobs[:, ts:].logsumexp(dim=-1)
+        best_text = logprobs[:, :ts].max(dim=-1).values
+        force = timestamp_mass > best_text
+        if force.any():
+            logits[force, :ts] = NEG_INF

@@ -1,0 +1,125 @@
+"""Choosing the next token: greedy/sampling and beam search, plus ranking of finished candidates.
+
+A searcher's ``update`` returns the extended token rows and, for beam search, which old row each
+new row continues — the decoding loop uses that to reorder every layer's Self-KV.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class GreedySearch:
+    """Argmax at temperature 0, otherwise sampling from softmax(logits / T). Rows are independent."""
+
+    def __init__(self, temperature: float, eot: int, generator: torch.Generator | None = None) -> None:
+        self.temperature = temperature
+        self.eot = eot
+        self.generator = generator
+
+    def update(
+        self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+        if self.temperature == 0:
+            next_tokens = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+            next_tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs[torch.arange(logprobs.shape[0]), next_tokens]
+        finished = tokens[:, -1] == self.eot
+        sum_logprobs += chosen * ~finished
+        next_tokens[finished] = self.eot  # a finished row keeps emitting end of text
+        tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
+        return tokens, bool((tokens[:, -1] == self.eot).all()), None
+
+    def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
+        """tokens [n_audio, n_group, T] → candidates per audio (each ending in eot) and their scores."""
+        tokens = F.pad(tokens, (0, 1), value=self.eot)
+        return [list(group) for group in tokens], sum_logprobs.tolist()
+
+
+class BeamSearch:
+    """Beam search over ``beam_size`` rows per audio; stops when enough candidates have finished.
+
+    Each step every beam proposes its ``beam_size + 1`` best continuations; the best ``beam_size``
+    unfinished ones survive, finished ones (ending in eot) are collected, up to
+    ``round(beam_size * patience)`` per audio.
+    """
+
+    def __init__(self, beam_size: int, eot: int, patience: float | None = None) -> None:
+        self.beam_size = beam_size
+        self.eot = eot
+        self.max_candidates = round(beam_size * (patience or 1.0))
+        if self.max_candidates <= 0:
+            raise ValueError(f"invalid beam_size ({beam_size}) or patience ({patience})")
+        self.finished: list[dict[tuple[int, ...], float]] | None = None
+
+    def update(
+        self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        n_audio = tokens.shape[0] // self.beam_size
+        if self.finished is None:
+            self.finished = [{} for _ in range(n_audio)]
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        top_logprobs, top_ids = logprobs.topk(self.beam_size + 1, dim=-1)
+        rows: list[list[int]] = []
+        sources: list[int] = []
+        for a in range(n_audio):
+            scores: dict[tuple[int, ...], float] = {}
+            parent: dict[tuple[int, ...], int] = {}
+            for b in range(self.beam_size):
+                row = a * self.beam_size + b
+                prefix = tokens[row].tolist()
+                for lp, tok in zip(top_logprobs[row].tolist(), top_ids[row].tolist()):
+                    seq = tuple(prefix + [tok])
+                    # same float32 arithmetic as accumulating on the tensor
+                    scores[seq] = (sum_logprobs[row] + torch.tensor(lp)).item()
+                    parent[seq] = row
+            kept = 0
+            newly_finished: dict[tuple[int, ...], float] = {}
+            for seq in sorted(scores, key=scores.get, reverse=True):
+                if seq[-1] == self.eot:
+                    newly_finished[seq] = scores[seq]
+                    continue
+                sum_logprobs[len(rows)] = scores[seq]
+                rows.append(list(seq))
+                sources.append(parent[seq])
+                kept += 1
+                if kept == self.beam_size:
+                    break
+            done = self.finished[a]
+            for seq in sorted(newly_finished, key=newly_finished.get, reverse=True):
+                if len(done) >= self.max_candidates:
+                    break
+                done[seq] = newly_finished[seq]
+        completed = all(len(done) >= self.max_candidates for done in self.finished)
+        return torch.tensor(rows, device=tokens.device), completed, torch.tensor(sources)
+
+    def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
+        """Top up audios with fewer than ``beam_size`` finished candidates from the live beams."""
+        assert self.finished is not None
+        sum_logprobs = sum_logprobs.cpu()
+        for a, done in enumerate(self.finished):
+            if len(done) < self.beam_size:
+                order = sorted(range(self.beam_size), key=lambda j: float(sum_logprobs[a][j]), reverse=True)
+                for j in order:
+                    done[tuple(tokens[a, j].tolist() + [self.eot])] = float(sum_logprobs[a][j])
+                    if len(done) >= self.beam_size:
+                        break
+        candidates = [[torch.tensor(seq) for seq in done] for done in self.finished]
+        scores = [list(done.values()) for done in self.finished]
+        return candidates, scores
+
+
+def rank(candidates: list[list[int]], scores: list[float], length_penalty: float | None) -> int:
+    """Index of the best candidate: log-probability over length (or the Google NMT penalty)."""
+    best, best_score = 0, float("-inf")
+    for i, (tokens, logprob) in enumerate(zip(candidates, scores)):
+        n = len(tokens)
+        penalty = n if length_penalty is None else ((5 + n) / 6) ** length_penalty
+        score = logprob / penalty
+        if score > best_score:
+            best, best_score = i, score
+    return best
