@@ -31,13 +31,22 @@ class DecoderBlock(nn.Module):
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
 
-    def forward(self, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        self_kv: SelfKV,
+        cross_kv: CrossKV,
+        collect_weights: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         offset = self_kv.length
         h = self.attn_ln(x)
         k, v = self.attn.project_kv(h)
         self_kv.append(k, v)  # the Self-KV grows by the new positions, in place
         x = x + self.attn(h, self_kv.key, self_kv.value, causal_offset=offset)
-        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv.key, cross_kv.value)
+        h = self.cross_attn_ln(x)
+        if collect_weights is not None:
+            collect_weights.append(self.cross_attn.weights(h, cross_kv.key))
+        x = x + self.cross_attn(h, cross_kv.key, cross_kv.value)
         return x + self.mlp(self.mlp_ln(x))
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
@@ -108,3 +117,18 @@ class TextDecoder(nn.Module):
         for block in self.blocks:
             x = block.forward_uncached(x, audio_features)
         return self._logits(x)
+
+    def cross_attention_weights(
+        self, tokens: torch.Tensor, cross_kv: list[CrossKV]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and every layer's cross-attention weights [B, H, T, 1500] for a whole sequence.
+
+        Word timing reads the alignment heads from these. The window's Cross-KV is reused; a fresh
+        Self-KV is built because this is a new sequence (the decoded text, closed by end of text).
+        """
+        cache = self.new_cache(cross_kv, batch_size=tokens.shape[0])
+        weights: list[torch.Tensor] = []
+        x = self._embed(tokens, 0)
+        for block, self_kv, kv in zip(self.blocks, cache.self_kv, cache.cross_kv):
+            x = block(x, self_kv, kv, collect_weights=weights)
+        return self._logits(x), weights
