@@ -1,0 +1,5 @@
+import sys
+
+from whisperkv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,123 @@
+"""``whisperkv verify``: prove, on a real file, that every fast path gives the reference twin's tokens.
+
+For each 30 s window of the file, decode with:
+* ``twin``            — no cache at all: the whole prefix and the cross projections recomputed every step;
+* ``cached``          — the normal path: Self-KV grown in place, Cross-KV projected once;
+* ``fallback_reuse``  — a second decode of the same window served from the cache store (encoder
+                        output and Cross-KV reused, as a temperature-fallback retry does);
+* ``alignment_reuse`` — the teacher-forced pass word timing runs, on the reused Cross-KV;
+* ``language_reuse``  — (multilingual) language detection on the stored encoder output vs a fresh one.
+Every path's tokens are compared step by step with the twin's, and its logits by max abs difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, load_audio, log_mel_spectrogram, pad_or_trim
+from whisperkv.cache.store import CacheStore
+from whisperkv.decoding.decode import decode_window
+from whisperkv.decoding.language import detect_language_from_features
+from whisperkv.decoding.options import DecodingOptions, DecodingResult
+
+if TYPE_CHECKING:
+    from whisperkv.model.whisper import Whisper
+
+
+def compare(reference: DecodingResult, candidate: DecodingResult) -> dict:
+    """Step-by-step token agreement and the largest logit difference while the prefixes agree."""
+    assert reference.step_tokens is not None and candidate.step_tokens is not None
+    assert reference.step_logits is not None and candidate.step_logits is not None
+    first_diff = None
+    max_diff = 0.0
+    for step, (a, b) in enumerate(zip(reference.step_tokens, candidate.step_tokens)):
+        la, lb = reference.step_logits[step], candidate.step_logits[step]
+        if la.shape == lb.shape:
+            max_diff = max(max_diff, float((la - lb).abs().max()))
+        if a != b:
+            first_diff = step
+            break
+    same_length = len(reference.step_tokens) == len(candidate.step_tokens)
+    identical = first_diff is None and same_length and reference.tokens == candidate.tokens
+    out = {"identical": identical, "tokens": len(candidate.tokens), "max_abs_logit_diff": max_diff}
+    if first_diff is not None:
+        logits = reference.step_logits[first_diff][0]
+        top = logits.topk(2)
+        out["first_divergent_step"] = first_diff
+        out["reference_margin"] = float(top.values[0] - top.values[1])
+    return out
+
+
+def verify_file(model: Whisper, path: str, beam_size: int | None = None, language: str | None = None) -> dict:
+    audio = load_audio(path)
+    mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
+    content_frames = mel.shape[-1] - N_FRAMES
+    store = CacheStore(max_entries=2)
+    paths: dict[str, dict] = {}
+
+    def merge(name: str, report: dict) -> None:
+        have = paths.setdefault(name, {"identical": True, "tokens": 0, "max_abs_logit_diff": 0.0})
+        have["identical"] = have["identical"] and report["identical"]
+        have["tokens"] += report["tokens"]
+        have["max_abs_logit_diff"] = max(have["max_abs_logit_diff"], report["max_abs_logit_diff"])
+        for key in ("first_divergent_step", "reference_margin"):
+            if key in report and key not in have:
+                have[key] = report[key]
+
+    if model.is_multilingual and language is None:
+        first = store.encode(model, pad_or_trim(mel, N_FRAMES), 0, N_SAMPLES, "language detection")
+        language, probs = detect_language_from_features(model, first.audio_features)
+        fresh_language, fresh_probs = detect_language_from_features(model, model.embed_audio(pad_or_trim(mel, N_FRAMES)))
+        diff = max(abs(probs[k] - fresh_probs[k]) for k in probs)
+        merge("language_reuse", {"identical": language == fresh_language, "tokens": 1, "max_abs_logit_diff": diff})
+    tokenizer = model.tokenizer.with_options(language=language or "en")
+    options = DecodingOptions(language=language or "en", beam_size=beam_size, record_logits=True)
+
+    windows = 0
+    for seek in range(0, max(content_frames, 1), N_FRAMES):
+        size = min(N_FRAMES, content_frames - seek) if content_frames else N_FRAMES
+        segment = pad_or_trim(mel[:, seek : seek + size], N_FRAMES)
+        window = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "verify")
+        twin = decode_window(model, tokenizer, window.audio_features, replace(options, use_cache=False))
+        cached = decode_window(model, tokenizer, window.audio_features, options, cross_kv=window.cross_kv)
+        merge("cached", compare(twin, cached))
+
+        again = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "fallback retry")
+        reused = decode_window(model, tokenizer, again.audio_features, options, cross_kv=again.cross_kv)
+        report = compare(twin, reused)
+        report["identical"] = report["identical"] and again is window
+        merge("fallback_reuse", report)
+
+        sequence = torch.tensor([[*options_prompt(tokenizer, options), *twin.tokens, tokenizer.eot]])
+        with torch.no_grad():
+            reference_logits = model.decoder.forward_uncached(sequence, window.audio_features)
+            aligned_logits, _ = model.decoder.cross_attention_weights(sequence, window.cross_kv)
+        same = bool((reference_logits.argmax(-1) == aligned_logits.argmax(-1)).all())
+        merge(
+            "alignment_reuse",
+            {
+                "identical": same,
+                "tokens": sequence.shape[1],
+                "max_abs_logit_diff": float((reference_logits - aligned_logits).abs().max()),
+            },
+        )
+        windows += 1
+
+    return {
+        "file": str(path),
+        "model": model.name or model.source,
+        "beam_size": beam_size,
+        "windows": windows,
+        "identical": all(p["identical"] for p in paths.values()),
+        "paths": paths,
+        "cache": store.report(),
+    }
+
+
+def options_prompt(tokenizer, options: DecodingOptions) -> list[int]:
+    if options.without_timestamps:
+        return list(tokenizer.sot_sequence_including_notimestamps)
+    return list(tokenizer.sot_sequence)

@@ -1,0 +1,57 @@
+"""``whisperkv convert``: load weights in any supported format, write them as .pt or safetensors.
+
+The written files load back into whisperkv, and the .pt file also loads into openai-whisper
+(``whisper.load_model(path)``), which is how the parity tests share weights with the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from whisperkv.weights.huggingface import save_huggingface
+from whisperkv.weights.openai_pt import save_openai_pt
+from whisperkv.weights.registry import default_tokenizer_path, load_checkpoint
+
+
+def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = "float32") -> Path:
+    """Write ``source`` to ``destination`` in ``fmt`` ("pt" or "safetensors"); returns the output path.
+
+    The output appears only once completely written (temporary file or directory, then rename).
+    """
+    ckpt = load_checkpoint(source)
+    if ckpt.tokenizer_path is None:
+        ckpt.tokenizer_path = default_tokenizer_path(ckpt.dims)
+    torch_dtype = getattr(torch, dtype)
+    destination = Path(destination)
+    if fmt == "pt":
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=destination.parent, suffix=".pt.partial")
+        os.close(fd)
+        try:
+            save_openai_pt(ckpt, tmp, torch_dtype)
+            os.replace(tmp, destination)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    elif fmt == "safetensors":
+        if destination.exists() and any(destination.iterdir()):
+            raise ValueError(f"{destination}: destination directory exists and is not empty")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".convert-"))
+        try:
+            save_huggingface(ckpt, tmp_dir, torch_dtype)
+            if destination.exists():
+                destination.rmdir()
+            os.replace(tmp_dir, destination)
+        finally:
+            if tmp_dir.exists():
+                for f in tmp_dir.iterdir():
+                    f.unlink()
+                tmp_dir.rmdir()
+    else:
+        raise ValueError(f"unknown format {fmt!r}; expected 'pt' or 'safetensors'")
+    return destination
