@@ -196,11 +196,14 @@ def find_alignment(
     jump_times = time_indices[jumps] / TOKENS_PER_SECOND
     start_times = jump_times[word_boundaries[:-1]]
     end_times = jump_times[word_boundaries[1:]]
-    probabilities = [float(np.mean(token_probs[i:j])) for i, j in zip(word_boundaries[:-1], word_boundaries[1:])]
-    return [
+    probabilities = [
+        float(np.mean(token_probs[i:j]))
+        for i, j in zip(word_boundaries[:-1], word_boundaries[1:], strict=True)
+    ]
+    return [  # the last "word" is end of text itself and gets no timing
         WordTiming(word, list(tokens_), float(start), float(end), probability)
         for word, tokens_, start, end, probability in zip(
-            words, word_tokens, start_times, end_times, probabilities
+            words[:-1], word_tokens[:-1], start_times, end_times, probabilities, strict=True
         )
     ]
 
@@ -295,7 +298,7 @@ def add_word_timestamps(
 
     time_offset = segments[0]["seek"] * HOP_LENGTH / SAMPLE_RATE
     word_index = 0
-    for segment, seg_tokens in zip(segments, text_tokens_per_segment):
+    for segment, seg_tokens in zip(segments, text_tokens_per_segment, strict=True):
         consumed = 0
         words: list[dict] = []
         while word_index < len(alignment) and consumed < len(seg_tokens):

@@ -21,6 +21,7 @@ import torch
 
 from whisperkv.cache.kv import CrossKV, DecoderCache
 from whisperkv.cache.provenance import EncoderProvenance
+from whisperkv.cache.store import check_reuse
 from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
@@ -106,13 +107,18 @@ def decode_window(
     cross_kv: list[CrossKV] | None = None,
     encoder_provenance: EncoderProvenance | None = None,
     generator: torch.Generator | None = None,
+    force_reuse: bool = False,
 ) -> DecodingResult:
     """Decode one window's encoder output [1, 1500, d] into the best token sequence.
 
     ``cross_kv`` lets a caller that already projected this window's Cross-KV (a fallback retry,
-    a second pass) reuse it; it must come from the same ``audio_features``.
+    a second pass) reuse it. When ``encoder_provenance`` says which window is being decoded, an
+    offered Cross-KV from any other window is refused with ``CacheReuseError``; ``force_reuse``
+    skips that check and exists only to show, in tests, what an invalid reuse would do.
     """
     check_options(options)
+    if cross_kv is not None and encoder_provenance is not None and not force_reuse:
+        check_reuse("Cross-KV", cross_kv[0].provenance.encoder, encoder_provenance)
     n_ctx = model.dims.n_text_ctx
     sample_len = options.sample_len or n_ctx // 2
     prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)

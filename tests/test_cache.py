@@ -1,0 +1,208 @@
+"""The two caches: growth, immutability, byte accounting, provenance, refusal, and the reference twin."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+import whisperkv
+from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
+from whisperkv.cache.store import CacheStore, check_reuse
+from whisperkv.decoding.decode import decode_window
+from whisperkv.decoding.options import DecodingOptions
+from whisperkv.errors import CacheReuseError
+from whisperkv.inspect import inspect_caches
+from whisperkv.verify import verify_file
+
+from .conftest import SPEECH_DIR, clip_path, english_clips
+
+
+def _window(model, audio, start_s: float, seconds: float = 30.0):
+    mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
+    a, n = round(start_s * 100), round(seconds * 100)
+    return pad_or_trim(mel[:, a : a + n], N_FRAMES), a * HOP_LENGTH, (a + n) * HOP_LENGTH
+
+
+@pytest.fixture(scope="module")
+def jfk(speech_dir):
+    return whisperkv.load_audio(speech_dir / "en" / "jfk.flac")
+
+
+@pytest.fixture(scope="module")
+def long_audio(speech_dir):
+    return whisperkv.load_audio(speech_dir / "long" / "lj001_0001-0032_concat.flac")
+
+
+def test_inspect_builds_caches_with_the_documented_sizes():
+    r = inspect_caches("tiny.en", batch=1, text_positions=100, dtype="float16")
+    assert r["self_kv_bytes"] == 614400
+    assert r["cross_kv_bytes"] == 9216000
+    assert r["self_kv"][0]["shape"] == [1, 100, 384] and len(r["self_kv"]) == 4
+    assert r["cross_kv"][3]["shape"] == [1, 1500, 384]
+    assert r["formula"] == {"self_kv_bytes": 614400, "cross_kv_bytes": 9216000}
+    big = inspect_caches("large-v3", batch=2, text_positions=448, dtype="float32")
+    assert big["self_kv_bytes"] == 2 * 2 * 32 * 448 * 1280 * 4
+
+
+def test_self_kv_grows_one_position_per_token_and_cross_kv_never_changes(tiny_model, jfk):
+    mel, start, end = _window(tiny_model, jfk, 0, 11)
+    prov = tiny_model.encoder_provenance(mel[None], start, end)
+    features = tiny_model.embed_audio(mel[None])
+    cross = tiny_model.decoder.project_cross_kv(features, prov)
+    snapshot = [(kv.key.clone(), kv.value.clone(), kv.key.data_ptr()) for kv in cross]
+    cache = tiny_model.decoder.new_cache(cross)
+    prompt = torch.tensor([[50257]])
+    tiny_model.decoder(prompt, cache)
+    lengths = [cache.offset]
+    token = prompt
+    for _ in range(5):
+        logits = tiny_model.decoder(token, cache)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        lengths.append(cache.offset)
+        assert all(kv.length == cache.offset for kv in cache.self_kv)
+    assert lengths == [1, 2, 3, 4, 5, 6]
+    for kv, (k, v, ptr) in zip(cache.cross_kv, snapshot):
+        assert torch.equal(kv.key, k) and torch.equal(kv.value, v) and kv.key.data_ptr() == ptr
+    # live bytes equal 2·B·L·T·d·s
+    assert cache.self_kv_nbytes == 2 * 1 * 4 * 6 * 384 * 4
+    assert cache.cross_kv_nbytes == 2 * 1 * 4 * 1500 * 384 * 4
+    assert cache.self_provenance().prefix[:1] == (50257,)
+
+
+def test_beams_share_one_cross_kv_and_reorder_self_kv(tiny_model, jfk):
+    mel, start, end = _window(tiny_model, jfk, 0, 11)
+    features = tiny_model.embed_audio(mel[None])
+    cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None], start, end))
+    cache = tiny_model.decoder.new_cache(cross, batch_size=5)
+    assert cache.cross_kv[0].shape == (1, 1500, 384)  # not copied per beam
+    tokens = torch.tensor([[50257, 50362]] * 5) + torch.tensor([[0, 0]] * 5)
+    tiny_model.decoder(tokens, cache)
+    tiny_model.decoder(torch.tensor([[1], [2], [3], [4], [5]]), cache)
+    before = cache.self_kv[0].key.clone()
+    cache.reorder(torch.tensor([4, 4, 0, 1, 2]))
+    assert torch.equal(cache.self_kv[0].key[0], before[4]) and torch.equal(cache.self_kv[0].key[4], before[2])
+    assert cache.tokens[:, -1].tolist() == [5, 5, 1, 2, 3]
+
+
+@pytest.mark.parametrize("beam_size", [None, 5], ids=["greedy", "beam5"])
+def test_cached_path_equals_reference_twin(tiny_model, speech_dir, beam_size):
+    for name in ("jfk.flac", "ls_1089-134686-0000.flac"):
+        report = verify_file(tiny_model, str(speech_dir / "en" / name), beam_size=beam_size)
+        assert report["identical"], report
+        assert set(report["paths"]) == {"cached", "fallback_reuse", "alignment_reuse"}
+        assert report["paths"]["cached"]["max_abs_logit_diff"] < 1e-3
+        assert report["cache"]["hits"], "the retry must have been served from the store"
+
+
+def test_overlapping_windows_have_different_encoder_outputs(tiny_model, long_audio):
+    """The seed's chunk fact: seconds 20-30 seen from window 0-30 and from window 20-50 differ."""
+    a, _, _ = _window(tiny_model, long_audio, 0)
+    b, _, _ = _window(tiny_model, long_audio, 20)
+    fa, fb = tiny_model.embed_audio(a[None]), tiny_model.embed_audio(b[None])
+    # encoder position p covers 20 ms; second 20 is position 1000 in window A and 0 in window B
+    shared_a, shared_b = fa[0, 1000:1500], fb[0, 0:500]
+    assert torch.equal(a[:, 2000:3000], b[:, 0:1000])  # the log-Mel input of the shared seconds is identical
+    diff = float((shared_a - shared_b).abs().max())
+    print(f"max |encoder(0-30 s)[20-30 s] - encoder(20-50 s)[20-30 s]| = {diff:.3f}")
+    assert diff > 0.1
+
+
+def test_store_refuses_an_overlapping_window_and_names_the_field(tiny_model, long_audio):
+    store = CacheStore()
+    a, a0, a1 = _window(tiny_model, long_audio, 0)
+    b, b0, b1 = _window(tiny_model, long_audio, 20)
+    window_a = store.encode(tiny_model, a, a0, a1)
+    requested_b = tiny_model.encoder_provenance(b[None], b0, b1)
+    with pytest.raises(CacheReuseError) as err:
+        store.offer(window_a, requested_b)
+    assert err.value.field == "mel_digest"
+    assert store.refusals and "mel_digest" in store.refusals[0]
+    # same content at another position is still another window
+    moved = replace(window_a.provenance, window_start=a0 + 160, window_end=a1 + 160)
+    with pytest.raises(CacheReuseError, match="window_start"):
+        check_reuse("Cross-KV", window_a.provenance, moved)
+    for field, value in [("weights_digest", "other-model"), ("dtype", "float16"), ("device", "cuda:0")]:
+        with pytest.raises(CacheReuseError) as e:
+            check_reuse("Cross-KV", window_a.provenance, replace(window_a.provenance, **{field: value}))
+        assert e.value.field == field
+    # the same window again is a hit, not a recomputation
+    assert store.encode(tiny_model, a, a0, a1) is window_a and store.misses == 1
+
+
+def test_self_kv_from_another_prefix_is_refused(tiny_model, jfk):
+    mel, s, e = _window(tiny_model, jfk, 0, 11)
+    features = tiny_model.embed_audio(mel[None])
+    cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None], s, e))
+    one, two = tiny_model.decoder.new_cache(cross), tiny_model.decoder.new_cache(cross)
+    tiny_model.decoder(torch.tensor([[50257, 50362, 843]]), one)
+    tiny_model.decoder(torch.tensor([[50257, 50362, 1002]]), two)
+    with pytest.raises(CacheReuseError) as err:
+        check_reuse("Self-KV", one.self_provenance(), two.self_provenance())
+    assert err.value.field == "prefix"
+
+
+def test_forced_invalid_reuse_diverges_and_unforced_is_refused(tiny_model, long_audio):
+    """Decoding window 20-50 s with window 0-30 s's Cross-KV changes the result; the check stops it."""
+    tokenizer = tiny_model.tokenizer
+    options = DecodingOptions(language="en", record_logits=True)
+    a, a0, a1 = _window(tiny_model, long_audio, 0)
+    b, b0, b1 = _window(tiny_model, long_audio, 20)
+    store = CacheStore()
+    wa, wb = store.encode(tiny_model, a, a0, a1), store.encode(tiny_model, b, b0, b1)
+    correct = decode_window(tiny_model, tokenizer, wb.audio_features, options, cross_kv=wb.cross_kv)
+    with pytest.raises(CacheReuseError, match="mel_digest"):
+        decode_window(
+            tiny_model, tokenizer, wb.audio_features, options, cross_kv=wa.cross_kv, encoder_provenance=wb.provenance
+        )
+    forced = decode_window(
+        tiny_model,
+        tokenizer,
+        wb.audio_features,
+        options,
+        cross_kv=wa.cross_kv,
+        encoder_provenance=wb.provenance,
+        force_reuse=True,
+    )
+    first_logit_diff = float((forced.step_logits[0] - correct.step_logits[0]).abs().max())
+    print(f"forced reuse: first-step max |Δlogit| {first_logit_diff:.2f}; texts:\n {correct.text}\n {forced.text}")
+    assert forced.tokens != correct.tokens
+    assert first_logit_diff > 1.0
+
+
+def test_concurrent_transcriptions_equal_their_solo_runs(tiny_model):
+    rows = english_clips(12.0)[:8]
+    if len(rows) < 8 or not SPEECH_DIR.is_dir():
+        pytest.skip("speech set not found")
+    audios = [whisperkv.load_audio(clip_path(r)) for r in rows]
+    solo = [tiny_model.transcribe(a, temperature=0.0)["text"] for a in audios]
+    results: list[str | None] = [None] * len(audios)
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(audios))
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            results[i] = tiny_model.transcribe(audios[i], temperature=0.0)["text"]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(audios))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == solo
+
+
+def test_transcribe_reports_cache_section(tiny_model, jfk):
+    result = tiny_model.transcribe(jfk[: 5 * SAMPLE_RATE])
+    cache = result["cache"]
+    assert len(cache["self_kv"]) == 4 and len(cache["cross_kv"]) == 4
+    t = cache["self_kv"][0]["shape"][1]
+    assert cache["self_kv_bytes"] == 2 * 4 * t * 384 * 4
+    assert cache["cross_kv_bytes"] == 2 * 4 * 1500 * 384 * 4
+    assert cache["reuse"]["misses"] == 1 and cache["reuse"]["refusals"] == []

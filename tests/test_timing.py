@@ -1,0 +1,254 @@
+"""Word-level timestamps: DTW, median filter and punctuation merging by hand; parity with the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from whisperkv.timing import (
+    WordTiming,
+    dtw,
+    get_end,
+    is_segment_anomaly,
+    median_filter,
+    merge_punctuations,
+    next_words_segment,
+)
+
+SPEECH_EN = Path(__file__).resolve().parents[1].parent / "shared/data/speech/en"
+PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+# --------------------------------------------------------------------------------- DTW
+
+
+def test_dtw_follows_the_cheap_cells():
+    x = np.array([[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    rows, cols = dtw(x)
+    assert rows.tolist() == [0, 0, 1, 1]
+    assert cols.tolist() == [0, 1, 2, 3]
+
+
+def test_dtw_diagonal():
+    x = 1.0 - np.eye(3)
+    rows, cols = dtw(x)
+    assert rows.tolist() == [0, 1, 2]
+    assert cols.tolist() == [0, 1, 2]
+
+
+def test_dtw_ties_take_the_time_step():
+    # All costs equal: at (1, 1) diagonal, vertical and horizontal tie, and the horizontal one wins
+    # (traced backwards: the last cell is reached from its left), as in the reference.
+    rows, cols = dtw(np.zeros((2, 2)))
+    assert rows.tolist() == [0, 1, 1]
+    assert cols.tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (7, 11), (12, 40)])
+def test_dtw_path_is_monotonic_and_minimal(shape):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.random(shape)
+    rows, cols = dtw(x)
+    n, m = shape
+    assert (rows[0], cols[0]) == (0, 0) and (rows[-1], cols[-1]) == (n - 1, m - 1)
+    steps = np.stack([np.diff(rows), np.diff(cols)], axis=1)
+    assert all(tuple(s) in {(1, 0), (0, 1), (1, 1)} for s in steps)
+    # Minimal total cost by a plain double loop.
+    best = np.full((n + 1, m + 1), np.inf)
+    best[0, 0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            best[i, j] = x[i - 1, j - 1] + min(best[i - 1, j - 1], best[i - 1, j], best[i, j - 1])
+    assert x[rows, cols].sum() == pytest.approx(best[n, m], rel=1e-5)
+
+
+# --------------------------------------------------------------------------------- median filter
+
+
+def test_median_filter_reflects_edges():
+    x = torch.tensor([1.0, 5.0, 2.0, 8.0, 3.0])
+    # reflect-padded: [5, 1, 5, 2, 8, 3, 8] → medians of each run of 3
+    assert median_filter(x, 3).tolist() == [5.0, 2.0, 5.0, 3.0, 8.0]
+    # width 5, padded [2, 5, 1, 5, 2, 8, 3, 8, 2]
+    assert median_filter(x, 5).tolist() == [2.0, 5.0, 3.0, 5.0, 3.0]
+
+
+def test_median_filter_works_along_the_last_axis_of_any_shape():
+    x = torch.tensor([1.0, 5.0, 2.0, 8.0, 3.0])
+    stacked = torch.stack([x, -x, 2 * x]).reshape(3, 1, 5).repeat(1, 2, 1)  # [3, 2, 5]
+    out = median_filter(stacked, 3)
+    assert out.shape == stacked.shape
+    expected = torch.tensor([5.0, 2.0, 5.0, 3.0, 8.0])
+    assert torch.equal(out[0, 1], expected)
+    assert torch.equal(out[1, 0], -expected)  # the median commutes with negation
+    assert torch.equal(out[2, 1], 2 * expected)
+
+
+def test_median_filter_short_input_unchanged_and_even_width_rejected():
+    x = torch.tensor([[3.0, 1.0, 2.0]])
+    assert torch.equal(median_filter(x, 7), x)  # 3 samples cannot be mirrored by 3
+    with pytest.raises(ValueError):
+        median_filter(x, 4)
+
+
+# --------------------------------------------------------------------------------- punctuation
+
+
+def _words(*texts: str) -> list[WordTiming]:
+    return [WordTiming(t, [i], float(i), float(i) + 0.5, 0.9) for i, t in enumerate(texts)]
+
+
+def test_merge_punctuations_forward_and_backward():
+    alignment = _words(' "', "Hello", ",", " world", ".", '"')
+    merge_punctuations(alignment, "\"'“¿([{-", "\"'.。,，!！?？:：”)]}、")
+    assert [w.word for w in alignment] == ["", ' "Hello,', "", ' world."', "", ""]
+    assert [w.tokens for w in alignment] == [[], [0, 1, 2], [], [3, 4, 5], [], []]
+    # times are not touched: the word keeps its own
+    assert alignment[1].start == 1.0 and alignment[3].end == 3.5
+
+
+def test_merge_punctuations_chains_and_leaves_inner_marks():
+    alignment = _words(" (", ' "', "quoted", '"', ")", " well", "-", "known")
+    merge_punctuations(alignment, "\"'“¿([{-", "\"'.。,，!！?？:：”)]}、")
+    assert [w.word for w in alignment] == ["", "", ' ( "quoted")', "", "", " well", "-", "known"]
+    assert alignment[2].tokens == [0, 1, 2, 3, 4]
+
+
+def test_merge_punctuations_needs_a_space_before_opening_marks():
+    alignment = _words("a", "(", "b")
+    merge_punctuations(alignment, "(", ")")
+    assert [w.word for w in alignment] == ["a", "(", "b"]
+
+
+# --------------------------------------------------------------------------------- transcribe helpers
+
+
+def test_segment_helpers():
+    good = {
+        "start": 0.0,
+        "end": 2.0,
+        "words": [{"word": " yes", "start": 0.0, "end": 0.5, "probability": 0.9}],
+    }
+    empty = {"start": 2.0, "end": 3.0, "words": []}
+    bad = {
+        "start": 3.0,
+        "end": 3.1,
+        "words": [
+            {"word": " uh", "start": 3.0, "end": 3.02, "probability": 0.05},
+            {"word": ".", "start": 3.02, "end": 3.02, "probability": 0.01},
+        ],
+    }
+    assert get_end([good, empty]) == 0.5
+    assert get_end([empty]) == 3.0
+    assert get_end([]) is None
+    assert next_words_segment([empty, good]) is good
+    assert next_words_segment([empty]) is None
+    assert not is_segment_anomaly(good, PUNCTUATION)
+    assert not is_segment_anomaly(empty, PUNCTUATION)
+    assert not is_segment_anomaly(None, PUNCTUATION)
+    assert is_segment_anomaly(bad, PUNCTUATION)
+
+
+# --------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def model():
+    import whisperkv
+
+    # One intra-op thread: on a few shared cores, more threads mostly wait for each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield whisperkv.load_model("tiny.en")
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    whisper = pytest.importorskip("whisper")
+    ref = whisper.model.Whisper(whisper.model.ModelDimensions(**model.dims.to_dict()))
+    ref.load_state_dict(model.state_dict())
+    ref.eval()
+    mask = torch.zeros(model.dims.n_text_layer, model.dims.n_text_head, dtype=torch.bool)
+    for layer, head in model.alignment_heads:
+        mask[layer, head] = True
+    ref.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+    return ref
+
+
+def _clip(name: str) -> np.ndarray:
+    import whisperkv
+
+    path = SPEECH_EN / name
+    if not path.exists():
+        pytest.skip(f"speech clip {path} not available")
+    return whisperkv.load_audio(str(path))
+
+
+def test_words_are_ordered_inside_their_segments_and_reuse_the_window(model):
+    result = model.transcribe(_clip("jfk.flac"), word_timestamps=True)
+    words = [w for s in result["segments"] for w in s["words"]]
+    assert "".join(w["word"] for w in words).strip() == result["text"].strip()
+    for segment in result["segments"]:
+        for w in segment["words"]:
+            assert segment["start"] <= w["start"] <= w["end"] <= segment["end"]
+            assert 0.0 <= w["probability"] <= 1.0
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts)
+    assert "word alignment: encoder output and Cross-KV reused" in result["cache"]["reuse"]["hits"]
+
+
+def _compare(model, reference, audio: np.ndarray, label: str, **options) -> None:
+    ours = model.transcribe(audio, word_timestamps=True, **options)
+    ref = reference.transcribe(audio, fp16=False, word_timestamps=True, **options)
+    our_words = [w for s in ours["segments"] for w in s["words"]]
+    ref_words = [w for s in ref["segments"] for w in s["words"]]
+    assert [w["word"] for w in our_words] == [w["word"] for w in ref_words], label
+    d_start = np.abs([a["start"] - b["start"] for a, b in zip(our_words, ref_words, strict=True)])
+    d_end = np.abs([a["end"] - b["end"] for a, b in zip(our_words, ref_words, strict=True)])
+    d_prob = np.abs([a["probability"] - b["probability"] for a, b in zip(our_words, ref_words, strict=True)])
+    print(
+        f"{label}: {len(our_words)} words, |Δstart| median {np.median(d_start):.3f} max {d_start.max():.3f}, "
+        f"|Δend| median {np.median(d_end):.3f} max {d_end.max():.3f}, |Δprob| max {d_prob.max():.1e}"
+    )
+    assert np.median(d_start) <= 0.05 and np.median(d_end) <= 0.05, label
+    assert d_prob.max() < 1e-3, label
+    assert len(ours["segments"]) == len(ref["segments"]), label
+    for a, b in zip(ours["segments"], ref["segments"], strict=True):
+        assert a["start"] == pytest.approx(b["start"], abs=0.05), label
+        assert a["end"] == pytest.approx(b["end"], abs=0.05), label
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["jfk.flac", "lj_LJ001-0001.flac", "lj_LJ001-0004.flac"])
+def test_word_timestamps_match_reference(model, reference, name):
+    _compare(model, reference, _clip(name), name)
+
+
+def _all_english_clips() -> list[str]:
+    if not SPEECH_EN.is_dir():
+        return []
+    return sorted(p.name for p in SPEECH_EN.iterdir() if p.suffix in {".wav", ".flac", ".mp3"})
+
+
+@pytest.mark.slow
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", _all_english_clips())
+def test_word_timestamps_match_reference_all_clips(model, reference, name):
+    audio = _clip(name)
+    if len(audio) > 30 * 16000:
+        pytest.skip("longer than 30 s")
+    _compare(model, reference, audio, name)
+
+
+@pytest.mark.slow
+@pytest.mark.oracle
+@pytest.mark.parametrize("options", [{}, {"hallucination_silence_threshold": 2.0}])
+def test_word_timestamps_match_reference_across_windows(model, reference, options):
+    # Two clips back to back, with a second of silence: 53 s, so several windows whose seek follows
+    # the last word's end.
+    silence = np.zeros(16000, dtype=np.float32)
+    audio = np.concatenate([_clip("mfa_acoustic_corpus.wav"), silence, _clip("mfa_cold_corpus.wav")])
+    _compare(model, reference, audio, f"two clips {options}", **options)
