@@ -21,9 +21,7 @@ def speech_manifest() -> list[dict]:
 
 
 def english_clips(max_seconds: float = 30.0) -> list[dict]:
-    return [
-        r for r in speech_manifest() if r["language"] == "en" and float(r["duration_s"]) <= max_seconds
-    ]
+    return [r for r in speech_manifest() if r["language"] == "en" and float(r["duration_s"]) <= max_seconds]
 
 
 def clip_path(row: dict) -> Path:

@@ -75,7 +75,9 @@ def test_self_kv_grows_one_position_per_token_and_cross_kv_never_changes(tiny_mo
 def test_beams_share_one_cross_kv_and_reorder_self_kv(tiny_model, jfk):
     mel, start, end = _window(tiny_model, jfk, 0, 11)
     features = tiny_model.embed_audio(mel[None])
-    cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None], start, end))
+    cross = tiny_model.decoder.project_cross_kv(
+        features, tiny_model.encoder_provenance(mel[None], start, end)
+    )
     cache = tiny_model.decoder.new_cache(cross, batch_size=5)
     assert cache.cross_kv[0].shape == (1, 1500, 384)  # not copied per beam
     tokens = torch.tensor([[50257, 50362]] * 5) + torch.tensor([[0, 0]] * 5)
@@ -155,7 +157,12 @@ def test_forced_invalid_reuse_diverges_and_unforced_is_refused(tiny_model, long_
     correct = decode_window(tiny_model, tokenizer, wb.audio_features, options, cross_kv=wb.cross_kv)
     with pytest.raises(CacheReuseError, match="mel_digest"):
         decode_window(
-            tiny_model, tokenizer, wb.audio_features, options, cross_kv=wa.cross_kv, encoder_provenance=wb.provenance
+            tiny_model,
+            tokenizer,
+            wb.audio_features,
+            options,
+            cross_kv=wa.cross_kv,
+            encoder_provenance=wb.provenance,
         )
     forced = decode_window(
         tiny_model,
@@ -167,7 +174,10 @@ def test_forced_invalid_reuse_diverges_and_unforced_is_refused(tiny_model, long_
         force_reuse=True,
     )
     first_logit_diff = float((forced.step_logits[0] - correct.step_logits[0]).abs().max())
-    print(f"forced reuse: first-step max |Δlogit| {first_logit_diff:.2f}; texts:\n {correct.text}\n {forced.text}")
+    print(
+        f"forced reuse: first-step max |Δlogit| {first_logit_diff:.2f}; texts:"
+        f"\n {correct.text}\n {forced.text}"
+    )
     assert forced.tokens != correct.tokens
     assert first_logit_diff > 1.0
 

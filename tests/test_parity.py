@@ -19,7 +19,14 @@ from .conftest import clip_path, english_clips
 pytestmark = pytest.mark.oracle
 whisper = pytest.importorskip("whisper")
 
-QUICK = ["jfk", "ls_1089-134686-0000", "lj_LJ001-0001", "cv_22058267_en", "mfa_acoustic_corpus", "timit_LDC93S1"]
+QUICK = [
+    "jfk",
+    "ls_1089-134686-0000",
+    "lj_LJ001-0001",
+    "cv_22058267_en",
+    "mfa_acoustic_corpus",
+    "timit_LDC93S1",
+]
 
 
 def _first_window(audio):
@@ -43,7 +50,9 @@ def _margin_report(reference_model, mel, ours, theirs) -> str:
     with torch.no_grad():
         logits = reference_model.logits(torch.tensor([prefix]), reference_model.encoder(mel[None]))[0, -1]
     top = logits.topk(2)
-    return f"first differing step {step}: ours {ours[step:step + 1]} ref {theirs[step:step + 1]}, ref margin {float(top.values[0] - top.values[1]):.4f}"
+    margin = float(top.values[0] - top.values[1])
+    ours_tok, ref_tok = ours[step : step + 1], theirs[step : step + 1]
+    return f"first differing step {step}: ours {ours_tok} ref {ref_tok}, reference margin {margin:.4f}"
 
 
 def test_encoder_and_first_step_logits_match(tiny_model, reference_model, speech_dir):
@@ -55,7 +64,9 @@ def test_encoder_and_first_step_logits_match(tiny_model, reference_model, speech
             theirs = reference_model.encoder(mel)
             enc_diff = float((ours - theirs).abs().max())
             tokens = torch.tensor([[50257, 50362]])
-            cache = tiny_model.decoder.new_cache(tiny_model.decoder.project_cross_kv(ours, tiny_model.encoder_provenance(mel)))
+            cache = tiny_model.decoder.new_cache(
+                tiny_model.decoder.project_cross_kv(ours, tiny_model.encoder_provenance(mel))
+            )
             our_logits = tiny_model.decoder(tokens, cache)
             ref_logits = reference_model.logits(tokens, theirs)
         logit_diff = float((our_logits - ref_logits).abs().max())
@@ -68,7 +79,9 @@ def _greedy_parity(tiny_model, reference_model, rows):
     for row in rows:
         audio = whisperkv.load_audio(clip_path(row))
         mel = _first_window(audio)
-        ours = whisperkv.decode(tiny_model, mel, DecodingOptions(language="en", without_timestamps=True)).tokens
+        ours = whisperkv.decode(
+            tiny_model, mel, DecodingOptions(language="en", without_timestamps=True)
+        ).tokens
         theirs = whisper.decode(
             reference_model, mel, whisper.DecodingOptions(language="en", without_timestamps=True, fp16=False)
         ).tokens

@@ -77,7 +77,10 @@ def _synthetic_variables(quantize: bool) -> tuple[dict[str, np.ndarray], dict[st
             stored[name], stored[name + "_scale"] = q, scale
             expected[name] = q.astype(np.float32) / scale[:, None]
         else:
-            stored[name], expected[name] = value.astype(np.float16), value.astype(np.float16).astype(np.float32)
+            stored[name], expected[name] = (
+                value.astype(np.float16),
+                value.astype(np.float16).astype(np.float32),
+            )
 
     put("encoder/conv1/weight", (d, n_mels, 3))
     put("encoder/conv1/bias", (d,))
@@ -123,10 +126,16 @@ def test_synthetic_ctranslate2_storage_is_decoded_exactly(tmp_path, quantize):
     assert ckpt.dims.n_audio_state == 8 and ckpt.dims.n_mels == 4 and ckpt.dims.n_text_head == 2
     sd = ckpt.state_dict
     fused = expected["encoder/layer_0/self_attention/linear_0/weight"]
-    torch.testing.assert_close(sd["encoder.blocks.0.attn.query.weight"], torch.from_numpy(fused[:8]), rtol=0, atol=0)
-    torch.testing.assert_close(sd["encoder.blocks.0.attn.value.weight"], torch.from_numpy(fused[16:]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        sd["encoder.blocks.0.attn.query.weight"], torch.from_numpy(fused[:8]), rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        sd["encoder.blocks.0.attn.value.weight"], torch.from_numpy(fused[16:]), rtol=0, atol=0
+    )
     kv = expected["decoder/layer_0/attention/linear_1/weight"]
-    torch.testing.assert_close(sd["decoder.blocks.0.cross_attn.key.weight"], torch.from_numpy(kv[:8]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        sd["decoder.blocks.0.cross_attn.key.weight"], torch.from_numpy(kv[:8]), rtol=0, atol=0
+    )
     mlp = expected["decoder/layer_0/ffn/linear_1/weight"]
     torch.testing.assert_close(sd["decoder.blocks.0.mlp.2.weight"], torch.from_numpy(mlp), rtol=0, atol=0)
     model = whisperkv.model.model_from_checkpoint(ckpt)
@@ -156,7 +165,11 @@ def test_convert_round_trips_every_format(tmp_path, tiny_model, speech_dir):
     assert json.loads((hf / "config.json").read_text())["d_model"] == 384
     assert (hf / "tokenizer.json").is_file()
     reference = tiny_model.state_dict()
-    models = {"ctranslate2": tiny_model, "pt": whisperkv.load_model(str(pt)), "hf": whisperkv.load_model(str(hf))}
+    models = {
+        "ctranslate2": tiny_model,
+        "pt": whisperkv.load_model(str(pt)),
+        "hf": whisperkv.load_model(str(hf)),
+    }
     for name, model in models.items():
         sd = model.state_dict()
         assert sd.keys() == reference.keys(), name
@@ -165,7 +178,9 @@ def test_convert_round_trips_every_format(tmp_path, tiny_model, speech_dir):
         assert model.alignment_heads == tiny_model.alignment_heads, name
     # identical weights must give identical greedy tokens, from every format
     audio = whisperkv.load_audio(speech_dir / "en" / "jfk.flac")
-    tokens = {name: m.transcribe(audio, temperature=0.0)["segments"][0]["tokens"] for name, m in models.items()}
+    tokens = {
+        name: m.transcribe(audio, temperature=0.0)["segments"][0]["tokens"] for name, m in models.items()
+    }
     assert tokens["pt"] == tokens["ctranslate2"] == tokens["hf"]
 
 

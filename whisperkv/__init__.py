@@ -1,8 +1,8 @@
 """whisperkv: Whisper speech recognition with first-class Self-KV and Cross-KV caches.
 
-    import whisperkv
-    model = whisperkv.load_model("tiny.en")        # offline: the embedded default model
-    result = model.transcribe("speech.flac")       # {"text", "segments", "language", "cache"}
+import whisperkv
+model = whisperkv.load_model("tiny.en")        # offline: the embedded default model
+result = model.transcribe("speech.flac")       # {"text", "segments", "language", "cache"}
 """
 
 from whisperkv.audio import load_audio, log_mel_spectrogram, pad_or_trim

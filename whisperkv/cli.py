@@ -198,7 +198,11 @@ def cmd_verify(args) -> int:
                     f"max|Δlogit|={path_report['max_abs_logit_diff']:.3g}  {path_report.get('detail', '')}"
                 )
     if args.json:
-        out = reports[0] if len(reports) == 1 else {"identical": all(r["identical"] for r in reports), "files": reports}
+        out = (
+            reports[0]
+            if len(reports) == 1
+            else {"identical": all(r["identical"] for r in reports), "files": reports}
+        )
         print(json.dumps(out, indent=2))
     diverged = any(not r["identical"] for r in reports)
     return 1 if (diverged or failures) else 0
@@ -223,7 +227,9 @@ def cmd_inspect(args) -> int:
 
 
 def _convert_parser(sub) -> None:
-    p = sub.add_parser("convert", help="write a model in another format (OpenAI .pt or transformers safetensors)")
+    p = sub.add_parser(
+        "convert", help="write a model in another format (OpenAI .pt or transformers safetensors)"
+    )
     p.add_argument("source", help="model name or path")
     p.add_argument("destination", help="output .pt file or transformers directory")
     p.add_argument("--format", required=True, choices=["pt", "safetensors"])

@@ -63,7 +63,9 @@ def inspect_caches(
         "text_positions": text_positions,
         "audio_positions": a,
         "self_kv": [{"layer": x.layer, "shape": list(x.shape), "bytes": x.nbytes} for x in layers["self_kv"]],
-        "cross_kv": [{"layer": x.layer, "shape": list(x.shape), "bytes": x.nbytes} for x in layers["cross_kv"]],
+        "cross_kv": [
+            {"layer": x.layer, "shape": list(x.shape), "bytes": x.nbytes} for x in layers["cross_kv"]
+        ],
         "self_kv_bytes": cache.self_kv_nbytes,
         "cross_kv_bytes": cache.cross_kv_nbytes,
         "total_bytes": cache.self_kv_nbytes + cache.cross_kv_nbytes,
@@ -87,9 +89,9 @@ def render_inspect(r: dict) -> str:
         "layer  Self-KV (K and V each)      bytes        Cross-KV (K and V each)     bytes",
     ]
     for s, c in zip(r["self_kv"], r["cross_kv"]):
-        lines.append(
-            f"{s['layer']:>5}  {str(tuple(s['shape'])):<26} {s['bytes']:>11,}  {str(tuple(c['shape'])):<26} {c['bytes']:>11,}"
-        )
+        self_shape, cross_shape = str(tuple(s["shape"])), str(tuple(c["shape"]))
+        row = f"{s['layer']:>5}  {self_shape:<26} {s['bytes']:>11,}  {cross_shape:<26} {c['bytes']:>11,}"
+        lines.append(row)
     lines.append(f"total  Self-KV {r['self_kv_bytes']:,} B ({_mib(r['self_kv_bytes'])})")
     lines.append(f"       Cross-KV {r['cross_kv_bytes']:,} B ({_mib(r['cross_kv_bytes'])})")
     lines.append("       formula 2·B·L·T·d·s: " + ", ".join(f"{k}={v:,}" for k, v in r["formula"].items()))

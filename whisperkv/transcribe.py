@@ -3,7 +3,8 @@
 For each window (``seek`` is its first Mel frame):
 1. encode the window once (the store keeps its encoder output and Cross-KV by provenance);
 2. decode with temperature fallback — every retry reuses that encoder output and Cross-KV;
-3. skip it if it is silence (no-speech probability high and log-probability low);
+3. skip it if it is silence: digital silence before decoding, or afterwards a high no-speech
+   probability with a low log-probability;
 4. cut the tokens into segments at timestamp pairs, and advance ``seek`` to the last complete
    timestamp (or the whole window when it ended with a lone timestamp / none);
 5. optionally align words (cross-attention + DTW), and drop hallucinations in silences.
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
     from whisperkv.tokenizer import Tokenizer
 
+#: Peak amplitude below which a window is digital silence (-80 dBFS): it is skipped without decoding,
+#: because Whisper hallucinates short phrases ("You") on pure silence.
+SILENCE_PEAK = 1e-4
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -127,7 +131,9 @@ def transcribe(
             decode_options["language"] = "en"
         else:
             first = store.encode(model, pad_or_trim(mel, N_FRAMES), 0, N_SAMPLES, "language detection")
-            decode_options["language"], language_probs = detect_language_from_features(model, first.audio_features)
+            decode_options["language"], language_probs = detect_language_from_features(
+                model, first.audio_features
+            )
             if verbose is not None:
                 print(f"Detected language: {LANGUAGES[decode_options['language']].title()}")
     task = decode_options.get("task", "transcribe")
@@ -178,6 +184,11 @@ def transcribe(
             window_end_time = float((seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
             segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+            samples = audio[seek * HOP_LENGTH : (seek + segment_size) * HOP_LENGTH]
+            if samples.numel() == 0 or float(samples.abs().max()) < SILENCE_PEAK:
+                pbar.update(segment_size)
+                seek += segment_size  # nothing was said here: no decode, no hallucination
+                continue
             mel_segment = pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)
             window = store.encode(
                 model, mel_segment, seek * HOP_LENGTH, (seek + segment_size) * HOP_LENGTH, "same window"
@@ -214,7 +225,9 @@ def transcribe(
             previous_seek = seek
             current_segments: list[dict] = []
 
-            def new_segment(start: float, end: float, seg_tokens: torch.Tensor, result=result, seek=seek) -> dict:
+            def new_segment(
+                start: float, end: float, seg_tokens: torch.Tensor, result=result, seek=seek
+            ) -> dict:
                 ids = seg_tokens.tolist()
                 return {
                     "seek": seek,
@@ -239,7 +252,11 @@ def transcribe(
                     start_pos = piece[0].item() - tokenizer.timestamp_begin
                     end_pos = piece[-1].item() - tokenizer.timestamp_begin
                     current_segments.append(
-                        new_segment(time_offset + start_pos * time_precision, time_offset + end_pos * time_precision, piece)
+                        new_segment(
+                            time_offset + start_pos * time_precision,
+                            time_offset + end_pos * time_precision,
+                            piece,
+                        )
                     )
                     last_slice = current_slice
                 if single_timestamp_ending:
@@ -256,7 +273,12 @@ def transcribe(
                 seek += segment_size
 
             if word_timestamps:
-                from whisperkv.timing import add_word_timestamps, get_end, is_segment_anomaly, next_words_segment
+                from whisperkv.timing import (
+                    add_word_timestamps,
+                    get_end,
+                    is_segment_anomaly,
+                    next_words_segment,
+                )
 
                 add_word_timestamps(
                     segments=current_segments,
@@ -334,7 +356,9 @@ def transcribe(
                     segment["text"] = ""
                     segment["tokens"] = []
                     segment["words"] = []
-            all_segments.extend({"id": i, **s} for i, s in enumerate(current_segments, start=len(all_segments)))
+            all_segments.extend(
+                {"id": i, **s} for i, s in enumerate(current_segments, start=len(all_segments))
+            )
             all_tokens.extend(t for s in current_segments for t in s["tokens"])
             if not condition_on_previous_text or result.temperature > 0.5:
                 prompt_reset_since = len(all_tokens)

@@ -70,9 +70,14 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
     if model.is_multilingual and language is None:
         first = store.encode(model, pad_or_trim(mel, N_FRAMES), 0, N_SAMPLES, "language detection")
         language, probs = detect_language_from_features(model, first.audio_features)
-        fresh_language, fresh_probs = detect_language_from_features(model, model.embed_audio(pad_or_trim(mel, N_FRAMES)))
+        fresh_language, fresh_probs = detect_language_from_features(
+            model, model.embed_audio(pad_or_trim(mel, N_FRAMES))
+        )
         diff = max(abs(probs[k] - fresh_probs[k]) for k in probs)
-        merge("language_reuse", {"identical": language == fresh_language, "tokens": 1, "max_abs_logit_diff": diff})
+        merge(
+            "language_reuse",
+            {"identical": language == fresh_language, "tokens": 1, "max_abs_logit_diff": diff},
+        )
     tokenizer = model.tokenizer.with_options(language=language or "en")
     options = DecodingOptions(language=language or "en", beam_size=beam_size, record_logits=True)
 

@@ -51,7 +51,9 @@ class SelfKVProvenance:
     cross_kv: EncoderProvenance | None  # the encoder output those tokens attended to
 
 
-def first_difference(cached: object, requested: object, prefix: str = "") -> tuple[str, object, object] | None:
+def first_difference(
+    cached: object, requested: object, prefix: str = ""
+) -> tuple[str, object, object] | None:
     """The first (dotted field name, cached value, requested value) that differs, or None."""
     if type(cached) is not type(requested):
         return (prefix or "type", type(cached).__name__, type(requested).__name__)

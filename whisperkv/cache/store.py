@@ -57,7 +57,9 @@ class CacheStore:
         provenance = model.encoder_provenance(mel, window_start, window_end)
         found = self.entries.get(provenance)
         if found is not None:
-            check_reuse("encoder output", found.provenance, provenance)  # dict equality already; belt and braces
+            check_reuse(
+                "encoder output", found.provenance, provenance
+            )  # dict equality already; belt and braces
             self.hits.append(reason or "window re-encoded")
             return found
         self.misses += 1

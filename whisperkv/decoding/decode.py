@@ -2,7 +2,8 @@
 
 The data path, top to bottom:
 1. the encoder output (given, or computed from the Mel window) and its Cross-KV, projected once;
-2. the prompt: [<|startofprev|> previous text] <|startoftranscript|> [lang] [task] [<|notimestamps|>] [prefix];
+2. the prompt: [<|startofprev|> previous text] <|startoftranscript|> [lang] [task]
+   [<|notimestamps|>] [prefix];
 3. the prompt goes through the decoder in one call, filling every layer's Self-KV;
 4. then one token per step: filter logits → choose (greedy / sample / beam) → feed only that token;
    beam search reorders each layer's Self-KV to follow the surviving beams;
@@ -46,7 +47,9 @@ def check_options(options: DecodingOptions) -> None:
 
 def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_ctx: int, sample_len: int) -> list[int]:
     tokens = list(
-        tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence
+        tokenizer.sot_sequence_including_notimestamps
+        if options.without_timestamps
+        else tokenizer.sot_sequence
     )
     if options.prefix:
         prefix = options.prefix
@@ -93,7 +96,9 @@ def logit_filters(
     return filters
 
 
-def project_cross_kv(model: Whisper, audio_features: torch.Tensor, provenance: EncoderProvenance) -> list[CrossKV]:
+def project_cross_kv(
+    model: Whisper, audio_features: torch.Tensor, provenance: EncoderProvenance
+) -> list[CrossKV]:
     """Every decoder layer's Cross-KV for one encoder output: computed once, then only read."""
     return model.decoder.project_cross_kv(audio_features, provenance)
 
@@ -172,7 +177,9 @@ def decode_window(
             break
         new = tokens[:, -1:]
 
-    candidates, scores = searcher.finalize(tokens.reshape(1, n_group, -1).cpu(), sum_logprobs.reshape(1, n_group))
+    candidates, scores = searcher.finalize(
+        tokens.reshape(1, n_group, -1).cpu(), sum_logprobs.reshape(1, n_group)
+    )
     eot = tokenizer.eot
     texts = []
     for cand in candidates[0]:
@@ -202,14 +209,18 @@ def cache_report(cache: DecoderCache) -> dict:
     layers = cache.layers()
     return {
         "self_kv": [{"layer": s.layer, "shape": list(s.shape), "bytes": s.nbytes} for s in layers["self_kv"]],
-        "cross_kv": [{"layer": s.layer, "shape": list(s.shape), "bytes": s.nbytes} for s in layers["cross_kv"]],
+        "cross_kv": [
+            {"layer": s.layer, "shape": list(s.shape), "bytes": s.nbytes} for s in layers["cross_kv"]
+        ],
         "self_kv_bytes": cache.self_kv_nbytes,
         "self_kv_peak_bytes": cache.peak_self_kv_nbytes,
         "cross_kv_bytes": cache.cross_kv_nbytes,
     }
 
 
-def decode(model: Whisper, mel: torch.Tensor, options: DecodingOptions | None = None, **kwargs) -> DecodingResult:
+def decode(
+    model: Whisper, mel: torch.Tensor, options: DecodingOptions | None = None, **kwargs
+) -> DecodingResult:
     """openai-whisper-style entry point: decode one Mel window [n_mels, 3000] (or its features)."""
     from whisperkv.decoding.language import detect_language_from_features
 

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def detect_language_from_features(model: Whisper, audio_features: torch.Tensor) -> tuple[str, dict[str, float]]:
+def detect_language_from_features(
+    model: Whisper, audio_features: torch.Tensor
+) -> tuple[str, dict[str, float]]:
     """Most likely language and the probability of every language, from one encoder output."""
     tokenizer = model.tokenizer
     if not model.is_multilingual:
@@ -28,7 +30,9 @@ def detect_language_from_features(model: Whisper, audio_features: torch.Tensor) 
     return max(language_probs, key=language_probs.get), language_probs
 
 
-def detect_language(model: Whisper, audio_or_mel: str | np.ndarray | torch.Tensor) -> tuple[str, dict[str, float]]:
+def detect_language(
+    model: Whisper, audio_or_mel: str | np.ndarray | torch.Tensor
+) -> tuple[str, dict[str, float]]:
     """Detect from the first 30 s of a path, waveform or Mel window."""
     if isinstance(audio_or_mel, torch.Tensor) and audio_or_mel.ndim >= 2:
         mel = audio_or_mel

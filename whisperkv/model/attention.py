@@ -75,6 +75,8 @@ def attend(
     if causal_offset is not None and tq > 1:
         positions = torch.arange(tq, device=q.device)[:, None] + causal_offset
         mask = torch.arange(k.shape[1], device=q.device)[None, :] <= positions
-    out = F.scaled_dot_product_attention(_heads(q, n_head), _heads(k, n_head), _heads(v, n_head), attn_mask=mask)
+    out = F.scaled_dot_product_attention(
+        _heads(q, n_head), _heads(k, n_head), _heads(v, n_head), attn_mask=mask
+    )
     out = out.transpose(1, 2).reshape(bk, group * tq, d)
     return out.reshape(b, tq, d)

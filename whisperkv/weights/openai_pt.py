@@ -23,7 +23,9 @@ def load_openai_pt(path: str | Path) -> Checkpoint:
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
         raise ModelLoadError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from exc
     if not isinstance(data, dict) or "dims" not in data or "model_state_dict" not in data:
-        raise ModelLoadError(f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')")
+        raise ModelLoadError(
+            f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')"
+        )
     sd = {k: v.float() if v.is_floating_point() else v for k, v in data["model_state_dict"].items()}
     stored = str(next(iter(data["model_state_dict"].values())).dtype).replace("torch.", "")
     heads = data.get("alignment_heads")
