@@ -248,7 +248,9 @@ def test_word_timestamps_match_reference_all_clips(model, reference, name):
 @pytest.mark.parametrize("options", [{}, {"hallucination_silence_threshold": 2.0}])
 def test_word_timestamps_match_reference_across_windows(model, reference, options):
     # Two clips back to back, with a second of silence: 53 s, so several windows whose seek follows
-    # the last word's end.
+    # the last word's end. Greedy only: a window there needs temperature fallback, and sampled text
+    # cannot be expected to match the reference's draw for draw.
+    options = {**options, "temperature": 0.0}
     silence = np.zeros(16000, dtype=np.float32)
     audio = np.concatenate([_clip("mfa_acoustic_corpus.wav"), silence, _clip("mfa_cold_corpus.wav")])
     _compare(model, reference, audio, f"two clips {options}", **options)

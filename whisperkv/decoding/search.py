@@ -24,8 +24,11 @@ class GreedySearch:
         if self.temperature == 0:
             next_tokens = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(logits.float() / self.temperature, dim=-1)
-            next_tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            # softmax of the normalised scaled logits, one multinomial draw per row: the same arithmetic
+            # and random-number use as the reference, so a seeded run reproduces its samples
+            scaled = logits / self.temperature
+            probs = torch.softmax(scaled - scaled.logsumexp(dim=-1, keepdim=True), dim=-1)
+            next_tokens = torch.multinomial(probs, 1, True, generator=self.generator).squeeze(-1)
         logprobs = F.log_softmax(logits.float(), dim=-1)
         chosen = logprobs[torch.arange(logprobs.shape[0]), next_tokens]
         finished = tokens[:, -1] == self.eot
