@@ -14,7 +14,7 @@ import whisperkv
 from whisperkv.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from whisperkv.decoding.options import DecodingOptions
 
-from .conftest import clip_path, english_clips
+from .conftest import clip_path, english_clips, speech_manifest
 
 pytestmark = pytest.mark.oracle
 whisper = pytest.importorskip("whisper")
@@ -103,7 +103,9 @@ def _transcribe_parity(tiny_model, reference_model, rows, **options):
     failures = []
     for row in rows:
         audio = whisperkv.load_audio(clip_path(row))
+        torch.manual_seed(0)  # a fallback to temperature > 0 samples: same seed, same draws
         ours = tiny_model.transcribe(audio, **options)
+        torch.manual_seed(0)
         theirs = reference_model.transcribe(audio, fp16=False, **options)
         a = [(s["start"], s["end"], s["text"], s["tokens"]) for s in ours["segments"]]
         b = [(s["start"], s["end"], s["text"], s["tokens"]) for s in theirs["segments"]]
@@ -117,4 +119,21 @@ def test_transcribe_segments_identical_quick(tiny_model, reference_model, speech
 
 
 def test_transcribe_beam5_segments_identical_quick(tiny_model, reference_model, speech_dir):
-    _transcribe_parity(tiny_model, reference_model, _clips(QUICK[:2]), beam_size=5)
+    _transcribe_parity(tiny_model, reference_model, _clips(["lj_LJ001-0002"]), beam_size=5)
+
+
+def _all_english_files():
+    rows = [r for r in speech_manifest() if r["language"] == "en"]  # the long-form files included
+    if not rows:
+        pytest.skip("speech set not found")
+    return rows
+
+
+@pytest.mark.slow
+def test_transcribe_identical_on_every_english_file(tiny_model, reference_model, speech_dir):
+    _transcribe_parity(tiny_model, reference_model, _all_english_files())
+
+
+@pytest.mark.slow
+def test_transcribe_beam5_identical_on_every_english_file(tiny_model, reference_model, speech_dir):
+    _transcribe_parity(tiny_model, reference_model, _all_english_files(), beam_size=5)

@@ -170,8 +170,12 @@ def transcribe(
     clip_idx = 0
     seek = seek_clips[0][0]
     last_speech_timestamp = 0.0
-    show_progress = verbose is False and sys.stderr.isatty()
-    with tqdm.tqdm(total=content_frames, unit="frames", disable=not show_progress) as pbar:
+    # progress in seconds of audio, on a terminal, when verbose (the CLI default); verbose=False silences it
+    show_progress = verbose is True and sys.stderr.isatty()
+    bar = tqdm.tqdm(
+        total=round(content_duration, 2), unit="s", unit_scale=False, disable=not show_progress, leave=False
+    )
+    with bar as pbar:
         while clip_idx < len(seek_clips):
             clip_start, clip_end = seek_clips[clip_idx]
             seek = max(seek, clip_start)
@@ -186,7 +190,7 @@ def transcribe(
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
             samples = audio[seek * HOP_LENGTH : (seek + segment_size) * HOP_LENGTH]
             if samples.numel() == 0 or float(samples.abs().max()) < SILENCE_PEAK:
-                pbar.update(segment_size)
+                pbar.update(segment_size / FRAMES_PER_SECOND)
                 seek += segment_size  # nothing was said here: no decode, no hallucination
                 continue
             mel_segment = pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)
@@ -218,7 +222,7 @@ def transcribe(
                 if logprob_threshold is not None and result.avg_logprob > logprob_threshold:
                     should_skip = False  # confident text despite the no-speech score
                 if should_skip:
-                    pbar.update(min(content_frames, seek + segment_size) - seek)
+                    pbar.update((min(content_frames, seek + segment_size) - seek) / FRAMES_PER_SECOND)
                     seek += segment_size
                     continue
 
@@ -349,7 +353,7 @@ def transcribe(
 
                 for segment in current_segments:
                     start, end = format_timestamp(segment["start"]), format_timestamp(segment["end"])
-                    print(f"[{start} --> {end}] {segment['text']}", flush=True)
+                    pbar.write(f"[{start} --> {end}] {segment['text']}")  # prints above the bar
 
             for segment in current_segments:
                 if segment["start"] == segment["end"] or segment["text"].strip() == "":
@@ -362,7 +366,7 @@ def transcribe(
             all_tokens.extend(t for s in current_segments for t in s["tokens"])
             if not condition_on_previous_text or result.temperature > 0.5:
                 prompt_reset_since = len(all_tokens)
-            pbar.update(min(content_frames, seek) - previous_seek)
+            pbar.update((min(content_frames, seek) - previous_seek) / FRAMES_PER_SECOND)
 
     output = {
         "text": tokenizer.decode(all_tokens[len(initial_prompt_tokens) :]),
