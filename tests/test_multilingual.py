@@ -10,7 +10,6 @@ from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
 from .conftest import clip_path, speech_manifest
 
-
 ALL = ("de", "es", "fr", "ja", "ru")
 
 

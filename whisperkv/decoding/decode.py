@@ -121,9 +121,31 @@ def decode_window(
     offered Cross-KV from any other window is refused with ``CacheReuseError``; ``force_reuse``
     skips that check and exists only to show, in tests, what an invalid reuse would do.
     """
-    check_options(options)
     if cross_kv is not None and encoder_provenance is not None and not force_reuse:
         check_reuse("Cross-KV", cross_kv[0].provenance.encoder, encoder_provenance)
+    if cross_kv is None and options.use_cache:
+        audio_features = audio_features.to(model.device, model.dtype)
+        if encoder_provenance is None:
+            encoder_provenance = model.encoder_provenance(audio_features)
+        cross_kv = model.decoder.project_cross_kv(audio_features, encoder_provenance)
+    return decode_windows(model, tokenizer, audio_features[:1], options, cross_kv, generator)[0]
+
+
+@torch.no_grad()
+def decode_windows(
+    model: Whisper,
+    tokenizer: Tokenizer,
+    audio_features: torch.Tensor,
+    options: DecodingOptions,
+    cross_kv: list[CrossKV] | None = None,
+    generator: torch.Generator | None = None,
+) -> list[DecodingResult]:
+    """Decode a batch of windows [n_audio, 1500, d] together: one decoder call per step for all.
+
+    Each window gets ``n_group`` rows (beams or samples), window-major; the rows of one window share
+    its Cross-KV row. ``cross_kv`` (one per layer, batch n_audio) is required on the cached path.
+    """
+    check_options(options)
     n_ctx = model.dims.n_text_ctx
     sample_len = options.sample_len or n_ctx // 2
     prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
@@ -141,28 +163,29 @@ def decode_window(
         n_group = 1
         searcher = GreedySearch(0.0, tokenizer.eot)
 
+    n_audio = audio_features.shape[0]
     audio_features = audio_features.to(model.device, model.dtype)
-    tokens = torch.tensor([prompt] * n_group, device=model.device)
+    tokens = torch.tensor([prompt] * (n_audio * n_group), device=model.device)
     cache: DecoderCache | None = None
     if options.use_cache:
         if cross_kv is None:
-            if encoder_provenance is None:
-                encoder_provenance = model.encoder_provenance(audio_features)
-            cross_kv = model.decoder.project_cross_kv(audio_features, encoder_provenance)
-        cache = model.decoder.new_cache(cross_kv, batch_size=n_group)
+            raise ValueError("the cached path needs the windows' Cross-KV")
+        cache = model.decoder.new_cache(cross_kv, batch_size=n_audio * n_group)
 
-    sum_logprobs = torch.zeros(n_group)
-    no_speech_prob = float("nan")
+    sum_logprobs = torch.zeros(n_audio * n_group)
+    no_speech_probs = [float("nan")] * n_audio
     step_logits: list[torch.Tensor] | None = [] if options.record_logits else None
     step_tokens: list[list[int]] | None = [] if options.record_logits else None
     new = tokens  # what the decoder has not seen yet: the whole prompt, then one token per step
     for step in range(sample_len):
         if cache is not None:
-            logits = model.decoder(new, cache)
+            # the prompt needs logits at two places only: <|startoftranscript|> and its last token
+            logits = model.decoder(new, cache, positions=[sot_index, sample_begin - 1] if step == 0 else None)
         else:
             logits = model.decoder.forward_uncached(tokens, audio_features)
+            logits = logits[:, [sot_index, sample_begin - 1]] if step == 0 else logits
         if step == 0:
-            no_speech_prob = float(logits[0, sot_index].softmax(dim=-1)[tokenizer.no_speech])
+            no_speech_probs = logits[::n_group, 0].softmax(dim=-1)[:, tokenizer.no_speech].tolist()
         logits = logits[:, -1].clone()
         if step_logits is not None:
             step_logits.append(logits.clone().cpu())
@@ -178,31 +201,34 @@ def decode_window(
         new = tokens[:, -1:]
 
     candidates, scores = searcher.finalize(
-        tokens.reshape(1, n_group, -1).cpu(), sum_logprobs.reshape(1, n_group)
+        tokens.reshape(n_audio, n_group, -1).cpu(), sum_logprobs.reshape(n_audio, n_group)
     )
     eot = tokenizer.eot
-    texts = []
-    for cand in candidates[0]:
-        cand = cand.tolist() if isinstance(cand, torch.Tensor) else list(cand)
-        texts.append(cand[sample_begin : cand.index(eot, sample_begin)])
-    best = rank(texts, scores[0], options.length_penalty)
-    best_tokens = texts[best]
-    text = tokenizer.decode(best_tokens).strip()
-    result = DecodingResult(
-        audio_features=audio_features[0],
-        language=tokenizer.language or "en",
-        tokens=best_tokens,
-        text=text,
-        avg_logprob=scores[0][best] / (len(best_tokens) + 1),
-        no_speech_prob=no_speech_prob,
-        temperature=options.temperature,
-        compression_ratio=compression_ratio(text),
-        step_logits=step_logits,
-        step_tokens=step_tokens,
-    )
-    if cache is not None:
-        result.cache = cache_report(cache)
-    return result
+    results = []
+    for a in range(n_audio):
+        texts = []
+        for cand in candidates[a]:
+            cand = cand.tolist() if isinstance(cand, torch.Tensor) else list(cand)
+            texts.append(cand[sample_begin : cand.index(eot, sample_begin)])
+        best = rank(texts, scores[a], options.length_penalty)
+        best_tokens = texts[best]
+        text = tokenizer.decode(best_tokens).strip()
+        results.append(
+            DecodingResult(
+                audio_features=audio_features[a],
+                language=tokenizer.language or "en",
+                tokens=best_tokens,
+                text=text,
+                avg_logprob=scores[a][best] / (len(best_tokens) + 1),
+                no_speech_prob=no_speech_probs[a],
+                temperature=options.temperature,
+                compression_ratio=compression_ratio(text),
+                step_logits=step_logits,
+                step_tokens=step_tokens,
+                cache=cache_report(cache) if cache is not None else None,
+            )
+        )
+    return results
 
 
 def cache_report(cache: DecoderCache) -> dict:

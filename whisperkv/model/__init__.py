@@ -29,14 +29,28 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     download_root: str | None = None,
+    compute_type: str = "default",
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
 
-    ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``download_root`` is accepted for
-    compatibility and ignored: whisperkv never downloads.
+    ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
+    linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
+    "float32"/"float16"/"bfloat16" set the dtype. ``download_root`` is accepted for compatibility and
+    ignored: whisperkv never downloads.
     """
+    if compute_type in ("float32", "float16", "bfloat16"):
+        dtype = compute_type
+    elif compute_type not in ("default", "int8"):
+        raise ValueError(
+            f"unknown compute_type {compute_type!r}: default, float32, float16, bfloat16 or int8"
+        )
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     if dtype is None:
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
-    return model_from_checkpoint(load_checkpoint(name_or_path), device=device, dtype=dtype)
+    model = model_from_checkpoint(load_checkpoint(name_or_path), device=device, dtype=dtype)
+    if compute_type == "int8":
+        from whisperkv.model.quantize import quantize_int8
+
+        quantize_int8(model)
+    return model

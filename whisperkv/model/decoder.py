@@ -65,6 +65,8 @@ class TextDecoder(nn.Module):
         self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
         self.blocks = nn.ModuleList(DecoderBlock(n_state, n_head) for _ in range(n_layer))
         self.ln = nn.LayerNorm(n_state)
+        #: set by int8 quantisation; otherwise logits use the token embedding directly (tied weights)
+        self.logits_projection: nn.Module | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -101,14 +103,24 @@ class TextDecoder(nn.Module):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = self.ln(x)
+        if self.logits_projection is not None:
+            return self.logits_projection(x).float()
         return (x @ self.token_embedding.weight.to(x.dtype).T).float()
 
-    def forward(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """Logits [B, T, vocab] for the new ``tokens`` [B, T]; appends them to the Self-KV."""
+    def forward(
+        self, tokens: torch.Tensor, cache: DecoderCache, positions: list[int] | None = None
+    ) -> torch.Tensor:
+        """Logits [B, T, vocab] for the new ``tokens`` [B, T]; appends them to the Self-KV.
+
+        ``positions`` (indices into the new tokens) limits the vocabulary projection — the largest
+        matrix of a small model — to the rows the caller reads, e.g. only the last one of a long prompt.
+        """
         x = self._embed(tokens, cache.offset)
         for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv):
             x = block(x, self_kv, cross_kv)
         cache.record_tokens(tokens)
+        if positions is not None:
+            x = x[:, positions]
         return self._logits(x)
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ class Whisper(nn.Module):
         self.tokenizer_path: Path | None = None
         self.name = ""
         self.source = ""
+        self.compute_type = "default"
 
     @property
     def is_multilingual(self) -> bool:

@@ -1,0 +1,165 @@
+"""Batched long-form transcription: cut the audio at silences into ≤ 30 s chunks, decode them together.
+
+Sequential transcription decodes one window at a time, so every decoder step reads all the weights
+for one row. Here the chunks of a file are independent (no previous-text prompt), so up to
+``batch_size`` of them share each step: the encoder runs on a batch, each layer's Cross-KV holds one row
+per chunk, and one decoder call advances every chunk by a token.
+
+Chunks come from an energy voice-activity detector: 20 ms frames whose RMS is above an adaptive floor
+are speech; chunks grow over speech and silences and are cut at the longest pause before 30 s.
+A chunk whose greedy result is repetitive or improbable is redone alone with temperature fallback,
+as the sequential mode would. Timestamps are per chunk (start and end of the chunk's speech).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
+from whisperkv.cache.store import CacheStore
+from whisperkv.decoding.decode import decode_windows
+from whisperkv.decoding.options import DecodingOptions
+from whisperkv.transcribe import DEFAULT_TEMPERATURES, _decode_with_fallback
+
+if TYPE_CHECKING:
+    from whisperkv.model.whisper import Whisper
+
+FRAME = SAMPLE_RATE // 50  # 20 ms
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int  # first sample
+    end: int  # one past the last sample
+
+
+def speech_frames(audio: np.ndarray, floor_db: float = -45.0) -> np.ndarray:
+    """Boolean per 20 ms frame: louder than max(an absolute floor, 3× the quiet-frame level)."""
+    n = len(audio) // FRAME
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    frames = audio[: n * FRAME].reshape(n, FRAME)
+    rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1) + 1e-12)
+    noise = np.percentile(rms, 10)
+    threshold = max(10 ** (floor_db / 20), 3.0 * noise)
+    return rms > threshold
+
+
+def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: float = 0.2) -> list[Chunk]:
+    """≤ max_seconds chunks covering all speech, each cut in the longest pause available."""
+    speech = speech_frames(audio)
+    max_frames = int(max_seconds * 50)
+    chunks: list[Chunk] = []
+    i, n = 0, len(speech)
+    while i < n:
+        while i < n and not speech[i]:
+            i += 1  # skip leading silence
+        if i >= n:
+            break
+        limit = min(i + max_frames, n)
+        if limit == n:
+            end = n
+        else:
+            # the longest silent run that ends before the limit (and starts after 1/3 of the chunk)
+            best_len, end = 0, limit
+            run_start = None
+            for j in range(i + max_frames // 3, limit):
+                if not speech[j]:
+                    run_start = j if run_start is None else run_start
+                    if j - run_start + 1 > best_len:
+                        best_len, end = j - run_start + 1, run_start + (j - run_start + 1) // 2
+                else:
+                    run_start = None
+            if best_len < int(min_pause * 50):
+                end = limit  # no pause long enough: cut hard at the limit
+        last_speech = end
+        while last_speech > i and not speech[last_speech - 1]:
+            last_speech -= 1
+        chunks.append(Chunk(i * FRAME, min(len(audio), (last_speech + 2) * FRAME)))
+        i = end
+    return chunks
+
+
+def transcribe_batched(
+    model: Whisper,
+    audio: str | np.ndarray,
+    *,
+    batch_size: int = 16,
+    beam_size: int | None = None,
+    language: str | None = None,
+    compression_ratio_threshold: float | None = 2.4,
+    logprob_threshold: float | None = -1.0,
+    no_speech_threshold: float | None = 0.6,
+    **_: Any,
+) -> dict:
+    """Transcribe with chunks decoded in batches; result shaped like ``transcribe``'s."""
+    if not isinstance(audio, np.ndarray):
+        audio = load_audio(audio)
+    language = language or "en"
+    tokenizer = model.tokenizer.with_options(language=language)
+    options = DecodingOptions(language=language, beam_size=beam_size)
+    chunks = split_at_silences(audio)
+    store = CacheStore(max_entries=1)
+    segments: list[dict] = []
+    fallbacks = 0
+    for first in range(0, len(chunks), batch_size):
+        group = chunks[first : first + batch_size]
+        mels = torch.stack(
+            [
+                log_mel_spectrogram(audio[c.start : c.end], model.dims.n_mels, padding=N_SAMPLES)[
+                    :, :N_FRAMES
+                ]
+                for c in group
+            ]
+        )
+        features = model.embed_audio(mels)
+        provenances = [model.encoder_provenance(mels[k : k + 1], c.start, c.end) for k, c in enumerate(group)]
+        cross = model.decoder.project_cross_kv(features, provenances[0])
+        results = decode_windows(model, tokenizer, features, options, cross)
+        for k, (chunk, result) in enumerate(zip(group, results)):
+            too_repetitive = (
+                compression_ratio_threshold is not None
+                and result.compression_ratio > compression_ratio_threshold
+            )
+            improbable = logprob_threshold is not None and result.avg_logprob < logprob_threshold
+            silent = no_speech_threshold is not None and result.no_speech_prob > no_speech_threshold
+            if (too_repetitive or improbable) and not (silent and improbable):
+                fallbacks += 1
+                window = store.encode(model, mels[k], chunk.start, chunk.end, "batched fallback")
+                result = _decode_with_fallback(
+                    model,
+                    tokenizer,
+                    window,
+                    DEFAULT_TEMPERATURES,
+                    options,
+                    compression_ratio_threshold,
+                    logprob_threshold,
+                    no_speech_threshold,
+                    store,
+                )
+            if silent and (logprob_threshold is None or result.avg_logprob < logprob_threshold):
+                continue  # silence
+            segments.append(
+                {
+                    "id": len(segments),
+                    "seek": chunk.start // HOP_LENGTH,
+                    "start": round(chunk.start / SAMPLE_RATE, 2),
+                    "end": round(chunk.end / SAMPLE_RATE, 2),
+                    "text": tokenizer.decode(result.tokens),
+                    "tokens": result.tokens,
+                    "temperature": result.temperature,
+                    "avg_logprob": result.avg_logprob,
+                    "compression_ratio": result.compression_ratio,
+                    "no_speech_prob": result.no_speech_prob,
+                }
+            )
+    return {
+        "text": "".join(s["text"] for s in segments),
+        "segments": segments,
+        "language": language,
+        "batched": {"chunks": len(chunks), "batch_size": batch_size, "fallbacks": fallbacks},
+    }
