@@ -101,7 +101,8 @@ def transcribe_batched(
         audio = load_audio(audio)
     language = language or "en"
     tokenizer = model.tokenizer.with_options(language=language)
-    options = DecodingOptions(language=language, beam_size=beam_size)
+    # chunk boundaries are the timestamps; the decoder need not predict any (and skips their rules)
+    options = DecodingOptions(language=language, beam_size=beam_size, without_timestamps=True)
     chunks = split_at_silences(audio)
     store = CacheStore(max_entries=1)
     segments: list[dict] = []

@@ -26,19 +26,21 @@ def build_caches(
 ) -> DecoderCache:
     """Allocate a DecoderCache of these dimensions and fill its Self-KV with ``text_positions``."""
     audio_positions = audio_positions or dims.n_audio_ctx
-    d = dims.n_text_state
+    d, h = dims.n_text_state, dims.n_text_head
     prov = EncoderProvenance("inspect", "inspect", 0, 0, f"n_mels={dims.n_mels}", str(dtype), "cpu")
     cross = [
         CrossKV(
-            torch.zeros(batch, audio_positions, d, dtype=dtype),
-            torch.zeros(batch, audio_positions, d, dtype=dtype),
+            torch.zeros(batch, h, audio_positions, d // h, dtype=dtype),
+            torch.zeros(batch, h, audio_positions, d // h, dtype=dtype),
             CrossKVProvenance(prov, layer),
         )
         for layer in range(dims.n_text_layer)
     ]
-    selfs = [SelfKV(layer, batch, dims.n_text_ctx, d, dtype, "cpu") for layer in range(dims.n_text_layer)]
+    selfs = [
+        SelfKV(layer, batch, dims.n_text_ctx, d, dtype, "cpu", n_head=h) for layer in range(dims.n_text_layer)
+    ]
     cache = DecoderCache(selfs, cross)
-    step = torch.zeros(batch, text_positions, d, dtype=dtype)
+    step = torch.zeros(batch, h, text_positions, d // h, dtype=dtype)
     for kv in selfs:
         kv.append(step, step)
     return cache

@@ -51,7 +51,9 @@ class CrossKV:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return tuple(self.key.shape)  # type: ignore[return-value]
+        """(batch, positions, width): keys are stored split into heads, [B, H, T, d/H]."""
+        b, h, t, dh = self.key.shape
+        return (b, t, h * dh)
 
     @property
     def nbytes(self) -> int:
@@ -73,33 +75,37 @@ class SelfKV:
         width: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        n_head: int = 1,
     ) -> None:
         self.layer = layer
-        self._key = torch.zeros(batch, capacity, width, dtype=dtype, device=device)
-        self._value = torch.zeros(batch, capacity, width, dtype=dtype, device=device)
+        # [B, H, capacity, d/H]: a read of the first T positions is a view with contiguous rows
+        shape = (batch, n_head, capacity, width // n_head)
+        self._key = torch.zeros(shape, dtype=dtype, device=device)
+        self._value = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
 
     @property
     def capacity(self) -> int:
-        return self._key.shape[1]
+        return self._key.shape[2]
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        n = key.shape[1]
+        """Write the keys/values [B, H, n, d/H] of n new positions after the ones held."""
+        n = key.shape[2]
         if self.length + n > self.capacity:
             raise ValueError(
                 f"Self-KV of layer {self.layer} is full: {self.length} + {n} > {self.capacity} positions"
             )
-        self._key[:, self.length : self.length + n] = key
-        self._value[:, self.length : self.length + n] = value
+        self._key[:, :, self.length : self.length + n] = key
+        self._value[:, :, self.length : self.length + n] = value
         self.length += n
 
     @property
     def key(self) -> torch.Tensor:
-        return self._key[:, : self.length]
+        return self._key[:, :, : self.length]
 
     @property
     def value(self) -> torch.Tensor:
-        return self._value[:, : self.length]
+        return self._value[:, :, : self.length]
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Make row i hold what row ``rows[i]`` held: beams follow their surviving parents."""
@@ -108,8 +114,9 @@ class SelfKV:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        b, _, d = self._key.shape
-        return (b, self.length, d)
+        """(batch, positions held, width), whatever the head layout inside."""
+        b, h, _, dh = self._key.shape
+        return (b, self.length, h * dh)
 
     @property
     def nbytes(self) -> int:

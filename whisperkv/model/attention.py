@@ -23,7 +23,11 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(n_state, n_state)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.key(x), self.value(x)
+        """Keys and values of ``x`` [B, T, d], split into heads: [B, H, T, d/H], contiguous.
+
+        Caches hold them in this layout so every read is a plain view, never a per-step copy.
+        """
+        return split_heads(self.key(x), self.n_head), split_heads(self.value(x), self.n_head)
 
     def forward(
         self,
@@ -32,39 +36,35 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor,
         causal_offset: int | None = None,
     ) -> torch.Tensor:
-        """Attend the queries of ``x`` [B, Tq, d] over ``key``/``value`` [Bk, Tk, d].
+        """Attend the queries of ``x`` [B, Tq, d] over ``key``/``value`` [Bk, H, Tk, d/H].
 
         ``causal_offset``: when given, query i sits at position ``causal_offset + i`` and may only see
         keys at positions ≤ its own (decoder self-attention). When ``B`` is a multiple of ``Bk`` the
         rows are beams sharing one audio window: their queries are grouped, not the keys copied.
         """
-        return self.out(attend(self.query(x), key, value, self.n_head, causal_offset))
+        return self.out(attend(self.query(x), key, value, causal_offset))
 
     def weights(self, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Softmax attention weights [B, H, Tq, Tk] (no mask): what word alignment reads."""
-        q = _heads(self.query(x), self.n_head)
-        k = _heads(_expand_rows(key, x.shape[0]), self.n_head)
+        q = split_heads(self.query(x), self.n_head)
+        if key.shape[0] != q.shape[0]:
+            key = key.repeat_interleave(q.shape[0] // key.shape[0], dim=0)
         scale = q.shape[-1] ** -0.5
-        return torch.softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1)
+        return torch.softmax((q @ key.transpose(-1, -2)).float() * scale, dim=-1)
 
 
-def _heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """[B, T, d] → [B, H, T, d/H], contiguous."""
     b, t, d = x.shape
-    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
-
-
-def _expand_rows(kv: torch.Tensor, rows: int) -> torch.Tensor:
-    if kv.shape[0] == rows:
-        return kv
-    return kv.repeat_interleave(rows // kv.shape[0], dim=0)
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2).contiguous()
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int, causal_offset: int | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None = None
 ) -> torch.Tensor:
-    """Scaled dot-product attention over heads; returns [B, Tq, d]."""
+    """Scaled dot-product attention of queries [B, Tq, d] over head-split keys/values; returns [B, Tq, d]."""
     b, tq, d = q.shape
-    bk = k.shape[0]
+    bk, n_head, tk, _ = k.shape
     group = b // bk
     if group != 1:
         if b % bk or causal_offset is not None:
@@ -74,9 +74,7 @@ def attend(
     mask = None
     if causal_offset is not None and tq > 1:
         positions = torch.arange(tq, device=q.device)[:, None] + causal_offset
-        mask = torch.arange(k.shape[1], device=q.device)[None, :] <= positions
-    out = F.scaled_dot_product_attention(
-        _heads(q, n_head), _heads(k, n_head), _heads(v, n_head), attn_mask=mask
-    )
-    out = out.transpose(1, 2).reshape(bk, group * tq, d)
-    return out.reshape(b, tq, d)
+        mask = torch.arange(tk, device=q.device)[None, :] <= positions
+    qh = q.view(bk, group * tq, n_head, d // n_head).transpose(1, 2)
+    out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)
+    return out.transpose(1, 2).reshape(b, tq, d)

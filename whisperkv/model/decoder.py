@@ -87,10 +87,13 @@ class TextDecoder(nn.Module):
         ``batch_size`` may be a multiple of the audio batch (beams, best-of samples of one window);
         the Cross-KV keeps the audio batch and is shared by those rows, not copied.
         """
-        key = cross_kv[0].key
+        key = cross_kv[0].key  # [B, H, T, d/H]
         rows = batch_size or key.shape[0]
         width = self.token_embedding.weight.shape[1]
-        selfs = [SelfKV(i, rows, self.n_ctx, width, key.dtype, key.device) for i in range(len(self.blocks))]
+        selfs = [
+            SelfKV(i, rows, self.n_ctx, width, key.dtype, key.device, n_head=key.shape[1])
+            for i in range(len(self.blocks))
+        ]
         return DecoderCache(selfs, cross_kv)
 
     def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
