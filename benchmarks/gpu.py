@@ -1,7 +1,7 @@
 """GPU path benchmark, prepared on CPU: one script to run on a lent accelerator machine.
 
-    python benchmarks/gpu.py                     # CUDA: tiny.en (real weights) + large-v3 shape (random)
-    python benchmarks/gpu.py --device cpu --smoke   # the same code path on CPU, tiny shapes (run by the tests)
+    python benchmarks/gpu.py                        # CUDA: tiny.en (real weights) + large-v3 shape (random)
+    python benchmarks/gpu.py --device cpu --smoke   # the same path on CPU, tiny shapes (run by the tests)
 
 Reports, per model: encoder time per 30 s window (batch 1 and batched), decoder tokens/s with a forced
 decode length (shape decides speed, so random weights are fine for large-v3), and real-time factor
