@@ -1,6 +1,6 @@
 """Word error rate of whisperkv on the English clips of ../shared/data/speech (prints per clip and total).
 
-    .venv/bin/python scripts/wer.py [--model tiny.en] [--beam_size 5] [--max-seconds 30]
+.venv/bin/python scripts/wer.py [--model tiny.en] [--beam_size 5] [--max-seconds 30]
 """
 
 from __future__ import annotations
