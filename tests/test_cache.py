@@ -69,7 +69,9 @@ def test_self_kv_grows_one_position_per_token_and_cross_kv_never_changes(tiny_mo
     # live bytes equal 2·B·L·T·d·s
     assert cache.self_kv_nbytes == 2 * 1 * 4 * 6 * 384 * 4
     assert cache.cross_kv_nbytes == 2 * 1 * 4 * 1500 * 384 * 4
-    assert cache.self_provenance().prefix[:1] == (50257,)
+    held = cache.self_kv[2].provenance()
+    assert held.prefix[:1] == (50257,) and len(held.prefix) == 6 and held.start_position == 0
+    assert held.cross_kv == cross[2].provenance and held.cross_kv.encoder.window_end == end
 
 
 def test_beams_share_one_cross_kv_and_reorder_self_kv(tiny_model, jfk):

@@ -83,6 +83,13 @@ class SelfKV:
         self._key = torch.zeros(shape, dtype=dtype, device=device)
         self._value = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
+        self.owner: DecoderCache | None = None
+
+    def provenance(self, row: int = 0) -> SelfKVProvenance:
+        """The prefix this layer holds for ``row``, its positions, and the Cross-KV it attended to."""
+        if self.owner is None:
+            raise ValueError("a Self-KV outside a DecoderCache has no recorded prefix")
+        return self.owner.self_provenance(row, self.layer)
 
     @property
     def capacity(self) -> int:
@@ -140,6 +147,8 @@ class DecoderCache:
             raise ValueError("one SelfKV and one CrossKV per decoder layer")
         self.self_kv = self_kv
         self.cross_kv = cross_kv
+        for kv in self_kv:
+            kv.owner = self  # so a layer's Self-KV can state its own provenance
         batch = self_kv[0].shape[0] if self_kv else 0
         self.tokens = torch.zeros(batch, 0, dtype=torch.long)
         self.peak_self_kv_nbytes = 0
@@ -162,11 +171,12 @@ class DecoderCache:
             kv.reorder(rows)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))
 
-    def self_provenance(self, row: int = 0) -> SelfKVProvenance:
+    def self_provenance(self, row: int = 0, layer: int = 0) -> SelfKVProvenance:
+        """Every layer's Self-KV holds the same prefix; each attended to its own layer's Cross-KV."""
         return SelfKVProvenance(
             prefix=tuple(int(t) for t in self.tokens[row]),
             start_position=0,
-            cross_kv=self.cross_kv[0].provenance.encoder if self.cross_kv else None,
+            cross_kv=self.cross_kv[layer].provenance if self.cross_kv else None,
         )
 
     @property

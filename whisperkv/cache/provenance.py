@@ -48,7 +48,7 @@ class CrossKVProvenance:
 class SelfKVProvenance:
     prefix: tuple[int, ...]  # token ids whose keys/values the cache holds, in order
     start_position: int  # position index of prefix[0]
-    cross_kv: EncoderProvenance | None  # the encoder output those tokens attended to
+    cross_kv: CrossKVProvenance | None  # the Cross-KV (encoder output and layer) those tokens attended to
 
 
 def first_difference(

@@ -37,3 +37,24 @@ def split_fused(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
     if rows % parts:
         raise ValueError(f"cannot split {rows} rows into {parts} equal projections")
     return list(torch.split(weight, rows // parts, dim=0))
+
+
+def directory_checkpoint(
+    path: Path,
+    dims: ModelDims,
+    state_dict: dict[str, torch.Tensor],
+    alignment_heads: list | None,
+    fmt: str,
+    stored_dtype: str,
+) -> Checkpoint:
+    """A checkpoint read from a model directory, with the directory's tokenizer.json when present."""
+    tokenizer = path / "tokenizer.json"
+    return Checkpoint(
+        dims=dims,
+        state_dict=state_dict,
+        alignment_heads=[tuple(h) for h in alignment_heads] if alignment_heads else None,
+        tokenizer_path=tokenizer if tokenizer.is_file() else None,
+        source=str(path),
+        format=fmt,
+        stored_dtype=stored_dtype,
+    )

@@ -17,7 +17,7 @@ import torch
 
 from whisperkv.errors import ModelLoadError
 from whisperkv.model.dims import ModelDims
-from whisperkv.weights.checkpoint import Checkpoint, split_fused
+from whisperkv.weights.checkpoint import Checkpoint, directory_checkpoint, split_fused
 
 # CTranslate2's DataType enum, in its declared order.
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
@@ -131,6 +131,16 @@ def _fused_attention(sd: dict, dst: str, v: dict, src: str, names: list[str]) ->
             sd[f"{dst}.{name}.bias"] = b
 
 
+def _self_attention_and_mlp(sd: dict, dst: str, v: dict, src: str) -> None:
+    """The parts every block has, encoder or decoder: self-attention and the MLP, each with its norm."""
+    _norm(sd, f"{dst}.attn_ln", v, f"{src}/self_attention/layer_norm")
+    _fused_attention(sd, f"{dst}.attn", v, f"{src}/self_attention/linear_0", ["query", "key", "value"])
+    _linear(sd, f"{dst}.attn.out", v, f"{src}/self_attention/linear_1")
+    _norm(sd, f"{dst}.mlp_ln", v, f"{src}/ffn/layer_norm")
+    _linear(sd, f"{dst}.mlp.0", v, f"{src}/ffn/linear_0")
+    _linear(sd, f"{dst}.mlp.2", v, f"{src}/ffn/linear_1")
+
+
 def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict[str, torch.Tensor]]:
     n_enc = _count_layers(v, "encoder")
     n_dec = _count_layers(v, "decoder")
@@ -152,29 +162,18 @@ def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict
     _linear(sd, "encoder.conv2", v, "encoder/conv2")
     sd["encoder.positional_embedding"] = _tensor(v, "encoder/position_encodings/encodings")
     for i in range(n_enc):
-        s, d = f"encoder/layer_{i}", f"encoder.blocks.{i}"
-        _norm(sd, f"{d}.attn_ln", v, f"{s}/self_attention/layer_norm")
-        _fused_attention(sd, f"{d}.attn", v, f"{s}/self_attention/linear_0", ["query", "key", "value"])
-        _linear(sd, f"{d}.attn.out", v, f"{s}/self_attention/linear_1")
-        _norm(sd, f"{d}.mlp_ln", v, f"{s}/ffn/layer_norm")
-        _linear(sd, f"{d}.mlp.0", v, f"{s}/ffn/linear_0")
-        _linear(sd, f"{d}.mlp.2", v, f"{s}/ffn/linear_1")
+        _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}")
     _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
 
     sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
     sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
     for i in range(n_dec):
         s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        _norm(sd, f"{d}.attn_ln", v, f"{s}/self_attention/layer_norm")
-        _fused_attention(sd, f"{d}.attn", v, f"{s}/self_attention/linear_0", ["query", "key", "value"])
-        _linear(sd, f"{d}.attn.out", v, f"{s}/self_attention/linear_1")
+        _self_attention_and_mlp(sd, d, v, s)
         _norm(sd, f"{d}.cross_attn_ln", v, f"{s}/attention/layer_norm")
         _linear(sd, f"{d}.cross_attn.query", v, f"{s}/attention/linear_0")
         _fused_attention(sd, f"{d}.cross_attn", v, f"{s}/attention/linear_1", ["key", "value"])
         _linear(sd, f"{d}.cross_attn.out", v, f"{s}/attention/linear_2")
-        _norm(sd, f"{d}.mlp_ln", v, f"{s}/ffn/layer_norm")
-        _linear(sd, f"{d}.mlp.0", v, f"{s}/ffn/linear_0")
-        _linear(sd, f"{d}.mlp.2", v, f"{s}/ffn/linear_1")
     _norm(sd, "decoder.ln", v, "decoder/layer_norm")
     return dims, sd
 
@@ -199,15 +198,6 @@ def load_ctranslate2(path: str | Path, model_bytes: bytes | None = None) -> Chec
     variables, stored = read_model_bin(data, str(path / "model.bin"))
     dims, sd = ctranslate2_to_state_dict(variables)
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-    heads = config.get("alignment_heads")
-    tok = path / "tokenizer.json"
-    return Checkpoint(
-        dims=dims,
-        state_dict=sd,
-        alignment_heads=[tuple(h) for h in heads] if heads else None,
-        tokenizer_path=tok if tok.is_file() else None,
-        source=str(path),
-        format="ctranslate2",
-        stored_dtype=stored,
-        extra={"suppress_ids": config.get("suppress_ids"), "lang_ids": config.get("lang_ids")},
-    )
+    ckpt = directory_checkpoint(path, dims, sd, config.get("alignment_heads"), "ctranslate2", stored)
+    ckpt.extra.update(suppress_ids=config.get("suppress_ids"), lang_ids=config.get("lang_ids"))
+    return ckpt

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from whisperkv.errors import ModelLoadError
 from whisperkv.model.dims import ModelDims
-from whisperkv.weights.checkpoint import Checkpoint
+from whisperkv.weights.checkpoint import Checkpoint, directory_checkpoint
 
 _ATTN = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
 
@@ -93,17 +93,7 @@ def load_huggingface(path: str | Path) -> Checkpoint:
         t = tensors[theirs]
         sd[ours] = t.float() if t.is_floating_point() else t
     stored = str(tensors["model.decoder.embed_tokens.weight"].dtype).replace("torch.", "")
-    heads = cfg.get("alignment_heads")
-    tok = path / "tokenizer.json"
-    return Checkpoint(
-        dims=dims,
-        state_dict=sd,
-        alignment_heads=[tuple(h) for h in heads] if heads else None,
-        tokenizer_path=tok if tok.is_file() else None,
-        source=str(path),
-        format="huggingface",
-        stored_dtype=stored,
-    )
+    return directory_checkpoint(path, dims, sd, cfg.get("alignment_heads"), "huggingface", stored)
 
 
 def save_huggingface(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
