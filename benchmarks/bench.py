@@ -104,8 +104,6 @@ def _make_engine(spec: str, threads: int, pt_path: str) -> Engine:
 
 def _worker(spec: str, threads: int, pt_path: str, audios: dict, conn) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    # idle workers must not spin on the cores while another engine runs (fair to every engine)
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         import torch
 
