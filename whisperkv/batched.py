@@ -22,8 +22,10 @@ import torch
 from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
 from whisperkv.cache.store import CacheStore
 from whisperkv.decoding.decode import decode_windows
+from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions
-from whisperkv.transcribe import DEFAULT_TEMPERATURES, _decode_with_fallback
+from whisperkv.errors import AudioError
+from whisperkv.transcribe import DEFAULT_TEMPERATURES, decode_with_fallback
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -99,11 +101,16 @@ def transcribe_batched(
     """Transcribe with chunks decoded in batches; result shaped like ``transcribe``'s."""
     if not isinstance(audio, np.ndarray):
         audio = load_audio(audio)
+    if audio.size == 0:
+        raise AudioError("<array>", "no audio samples")
+    chunks = split_at_silences(audio)
+    if language is None and model.is_multilingual and chunks:
+        first = log_mel_spectrogram(audio[chunks[0].start : chunks[0].end], model.dims.n_mels, padding=N_SAMPLES)
+        language, _ = detect_language_from_features(model, model.embed_audio(first[None, :, :N_FRAMES]))
     language = language or "en"
     tokenizer = model.tokenizer.with_options(language=language)
     # chunk boundaries are the timestamps; the decoder need not predict any (and skips their rules)
     options = DecodingOptions(language=language, beam_size=beam_size, without_timestamps=True)
-    chunks = split_at_silences(audio)
     store = CacheStore(max_entries=1)
     segments: list[dict] = []
     fallbacks = 0
@@ -131,7 +138,7 @@ def transcribe_batched(
             if (too_repetitive or improbable) and not (silent and improbable):
                 fallbacks += 1
                 window = store.encode(model, mels[k], chunk.start, chunk.end, "batched fallback")
-                result = _decode_with_fallback(
+                result = decode_with_fallback(
                     model,
                     tokenizer,
                     window,

@@ -82,6 +82,14 @@ def _transcribe_parser(sub) -> None:
     p.add_argument("--max_words_per_line", type=_optional(int), default=None)
     p.add_argument("--clip_timestamps", type=str, default="0")
     p.add_argument("--hallucination_silence_threshold", type=_optional(float), default=None)
+    p.add_argument(
+        "--batched",
+        type=_str2bool,
+        default=False,
+        help="cut at silences and decode many 30 s chunks as one batch (faster, no previous-text prompt)",
+    )
+    p.add_argument("--batch_size", type=int, default=16, help="chunks per batch with --batched")
+    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
 
 
 def _temperatures(start: float, increment: float | None) -> tuple[float, ...] | float:
@@ -117,6 +125,10 @@ def cmd_transcribe(args) -> int:
     if args.max_line_count and not args.max_line_width:
         warnings.warn("--max_line_count has no effect without --max_line_width", stacklevel=1)
     model = _load(args)
+    if args.compute_type == "int8":
+        from whisperkv.model.quantize import quantize_int8
+
+        quantize_int8(model)
     language = args.language
     if language is not None and language.lower() in TO_LANGUAGE_CODE:
         language = TO_LANGUAGE_CODE[language.lower()]
@@ -156,7 +168,15 @@ def cmd_transcribe(args) -> int:
     failures = 0
     for path in args.audio:
         try:
-            result = model.transcribe(path, **options)
+            if args.batched:
+                from whisperkv.batched import transcribe_batched
+
+                beam = args.beam_size if args.temperature == 0 else None
+                result = transcribe_batched(
+                    model, path, batch_size=args.batch_size, **{**options, "beam_size": beam}
+                )
+            else:
+                result = model.transcribe(path, **options)
             writer(result, path, writer_options)
         except WhisperKVError as err:
             failures += 1

@@ -52,7 +52,7 @@ PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
-def _decode_with_fallback(
+def decode_with_fallback(
     model: Whisper,
     tokenizer: Tokenizer,
     window: EncodedWindow,
@@ -203,7 +203,7 @@ def transcribe(
                 prompt = initial_prompt_tokens + all_tokens[ignored:][-remaining_prompt_length:]
             else:
                 prompt = all_tokens[prompt_reset_since:]
-            result = _decode_with_fallback(
+            result = decode_with_fallback(
                 model,
                 tokenizer,
                 window,
