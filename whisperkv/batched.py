@@ -105,7 +105,8 @@ def transcribe_batched(
         raise AudioError("<array>", "no audio samples")
     chunks = split_at_silences(audio)
     if language is None and model.is_multilingual and chunks:
-        first = log_mel_spectrogram(audio[chunks[0].start : chunks[0].end], model.dims.n_mels, padding=N_SAMPLES)
+        head = audio[chunks[0].start : chunks[0].end]
+        first = log_mel_spectrogram(head, model.dims.n_mels, padding=N_SAMPLES)
         language, _ = detect_language_from_features(model, model.embed_audio(first[None, :, :N_FRAMES]))
     language = language or "en"
     tokenizer = model.tokenizer.with_options(language=language)
