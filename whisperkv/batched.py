@@ -40,14 +40,18 @@ class Chunk:
 
 
 def speech_frames(audio: np.ndarray, floor_db: float = -45.0) -> np.ndarray:
-    """Boolean per 20 ms frame: louder than max(an absolute floor, 3× the quiet-frame level)."""
+    """Boolean per 20 ms frame: louder than an absolute floor and than the noise level.
+
+    The noise level is 3× the quietest tenth of the frames, but never above a quarter of the loud
+    frames' level, so a recording with almost no pauses still has its few pauses found.
+    """
     n = len(audio) // FRAME
     if n == 0:
         return np.zeros(0, dtype=bool)
     frames = audio[: n * FRAME].reshape(n, FRAME)
     rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1) + 1e-12)
-    noise = np.percentile(rms, 10)
-    threshold = max(10 ** (floor_db / 20), 3.0 * noise)
+    quiet, loud = np.percentile(rms, [10, 95])
+    threshold = max(10 ** (floor_db / 20), min(3.0 * quiet, 0.25 * loud))
     return rms > threshold
 
 
