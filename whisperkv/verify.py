@@ -12,6 +12,7 @@ Every path's tokens are compared step by step with the twin's, and its logits by
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -82,12 +83,17 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
     options = DecodingOptions(language=language or "en", beam_size=beam_size, record_logits=True)
 
     windows = 0
+    twin_seconds = cached_seconds = 0.0
     for seek in range(0, max(content_frames, 1), N_FRAMES):
         size = min(N_FRAMES, content_frames - seek) if content_frames else N_FRAMES
         segment = pad_or_trim(mel[:, seek : seek + size], N_FRAMES)
         window = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "verify")
+        start = time.perf_counter()
         twin = decode_window(model, tokenizer, window.audio_features, replace(options, use_cache=False))
+        twin_seconds += time.perf_counter() - start
+        start = time.perf_counter()
         cached = decode_window(model, tokenizer, window.audio_features, options, cross_kv=window.cross_kv)
+        cached_seconds += time.perf_counter() - start
         merge("cached", compare(twin, cached))
 
         again = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "fallback retry")
@@ -118,6 +124,7 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         "windows": windows,
         "identical": all(p["identical"] for p in paths.values()),
         "paths": paths,
+        "seconds": {"twin": round(twin_seconds, 3), "cached": round(cached_seconds, 3)},
         "cache": store.report(),
     }
 
