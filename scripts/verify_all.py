@@ -44,9 +44,8 @@ def main() -> int:
     print(f"\n{len(rows)} clips, beam {args.beam_size or 'greedy'}: {len(rows) - len(diverged)} identical")
     for name, value in worst.items():
         print(f"  {name:<16} max |Δlogit| over all clips {value:.3g}")
-    print(
-        f"  decode time: twin {twin_s:.1f} s, cached {cached_s:.1f} s ({twin_s / cached_s:.1f}x), {tokens} tokens"
-    )
+    speedup = twin_s / cached_s
+    print(f"  decode time: twin {twin_s:.1f} s, cached {cached_s:.1f} s ({speedup:.1f}x), {tokens} tokens")
     for clip, paths in diverged:
         print("  diverged:", clip, paths)
     return 1 if diverged else 0
