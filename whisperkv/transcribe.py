@@ -123,7 +123,7 @@ def transcribe(
     mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
     content_duration = float(content_frames * HOP_LENGTH / SAMPLE_RATE)
-    store = CacheStore()
+    store = CacheStore(max_entries=2)  # the window being decoded, and the language-detection window
 
     language_probs = None
     if decode_options.get("language") is None:

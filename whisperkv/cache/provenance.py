@@ -21,7 +21,7 @@ def tensor_digest(tensor: torch.Tensor) -> str:
     h.update(f"{t.dtype}{tuple(t.shape)}".encode())
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    h.update(np.ascontiguousarray(t.numpy()).tobytes())
+    h.update(memoryview(np.ascontiguousarray(t.numpy())).cast("B"))  # hashed in place, no copy
     return h.hexdigest()
 
 

@@ -14,8 +14,9 @@ __all__ = ["KNOWN_DIMS", "ModelDims", "Whisper", "load_model", "model_from_check
 def model_from_checkpoint(
     ckpt: Checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> Whisper:
-    model = Whisper(ckpt.dims)
-    model.load_state_dict(ckpt.state_dict, strict=True)
+    with torch.device("meta"):  # no throwaway random init: the loaded tensors become the parameters
+        model = Whisper(ckpt.dims)
+    model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
     model.alignment_heads = ckpt.alignment_heads
     model.tokenizer_path = ckpt.tokenizer_path
     model.name = ckpt.extra.get("name", "")
