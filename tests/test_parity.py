@@ -137,3 +137,17 @@ def test_transcribe_identical_on_every_english_file(tiny_model, reference_model,
 @pytest.mark.slow
 def test_transcribe_beam5_identical_on_every_english_file(tiny_model, reference_model, speech_dir):
     _transcribe_parity(tiny_model, reference_model, _all_english_files(), beam_size=5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"initial_prompt": "President Kennedy's inaugural address, 1961."},
+        {"clip_timestamps": "0,4.5,5,11"},
+        {"condition_on_previous_text": False, "prefix": "And so my"},
+        {"without_timestamps": True},
+    ],
+    ids=["initial_prompt", "clip_timestamps", "prefix", "without_timestamps"],
+)
+def test_transcribe_options_identical(tiny_model, reference_model, speech_dir, options):
+    _transcribe_parity(tiny_model, reference_model, _clips(["jfk"]), **options)

@@ -54,7 +54,9 @@ def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_ctx: int, s
     if options.prefix:
         prefix = options.prefix
         prefix_tokens = tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
-        prefix_tokens = prefix_tokens[-(n_ctx // 2 - sample_len) :] if n_ctx // 2 - sample_len > 0 else []
+        # keep the last (n_ctx/2 - sample_len) tokens; like the reference, a limit of 0 (the default
+        # sample_len) keeps them all, since [-0:] is the whole list
+        prefix_tokens = prefix_tokens[-(n_ctx // 2 - sample_len) :]
         tokens += prefix_tokens
     if options.prompt:
         prompt = options.prompt
