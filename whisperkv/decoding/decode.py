@@ -98,13 +98,6 @@ def logit_filters(
     return filters
 
 
-def project_cross_kv(
-    model: Whisper, audio_features: torch.Tensor, provenance: EncoderProvenance
-) -> list[CrossKV]:
-    """Every decoder layer's Cross-KV for one encoder output: computed once, then only read."""
-    return model.decoder.project_cross_kv(audio_features, provenance)
-
-
 @torch.no_grad()
 def decode_window(
     model: Whisper,
