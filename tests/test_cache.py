@@ -161,24 +161,11 @@ def test_forced_invalid_reuse_diverges_and_unforced_is_refused(tiny_model, long_
     store = CacheStore()
     wa, wb = store.encode(tiny_model, a, a0, a1), store.encode(tiny_model, b, b0, b1)
     correct = decode_window(tiny_model, tokenizer, wb.audio_features, options, cross_kv=wb.cross_kv)
+    window_a_for_b = {"cross_kv": wa.cross_kv, "encoder_provenance": wb.provenance}
     with pytest.raises(CacheReuseError, match="mel_digest"):
-        decode_window(
-            tiny_model,
-            tokenizer,
-            wb.audio_features,
-            options,
-            cross_kv=wa.cross_kv,
-            encoder_provenance=wb.provenance,
-        )
-    forced = decode_window(
-        tiny_model,
-        tokenizer,
-        wb.audio_features,
-        options,
-        cross_kv=wa.cross_kv,
-        encoder_provenance=wb.provenance,
-        force_reuse=True,
-    )
+        decode_window(tiny_model, tokenizer, wb.audio_features, options, **window_a_for_b)
+    features_b = wb.audio_features
+    forced = decode_window(tiny_model, tokenizer, features_b, options, **window_a_for_b, force_reuse=True)
     first_logit_diff = float((forced.step_logits[0] - correct.step_logits[0]).abs().max())
     print(
         f"forced reuse: first-step max |Δlogit| {first_logit_diff:.2f}; texts:"

@@ -130,8 +130,9 @@ def transcribe_batched(
             ]
         )
         features = model.embed_audio(mels)
-        provenances = [model.encoder_provenance(mels[k : k + 1], c.start, c.end) for k, c in enumerate(group)]
-        cross = model.decoder.project_cross_kv(features, provenances[0])
+        # one Cross-KV row per chunk; its provenance names the whole batch (every window's Mel, the span)
+        batch_provenance = model.encoder_provenance(mels, group[0].start, group[-1].end)
+        cross = model.decoder.project_cross_kv(features, batch_provenance)
         results = decode_windows(model, tokenizer, features, options, cross)
         for k, (chunk, result) in enumerate(zip(group, results)):
             too_repetitive = (
