@@ -1,0 +1,61 @@
+"""Batched long-form mode: chunks cut at pauses, decoded together, same tokens as one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import whisperkv
+from whisperkv.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram
+from whisperkv.batched import split_at_silences, transcribe_batched
+from whisperkv.decoding.decode import decode_window, decode_windows
+from whisperkv.decoding.options import DecodingOptions
+from whisperkv.metrics import wer
+
+CLIPS = [
+    "lj_LJ001-0001.flac",
+    "lj_LJ001-0003.flac",
+    "lj_LJ001-0005.flac",
+    "lj_LJ001-0007.flac",
+    "lj_LJ001-0004.flac",
+]
+
+
+@pytest.fixture(scope="module")
+def joined(speech_dir):
+    gap = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    parts = []
+    for name in CLIPS:
+        parts += [whisperkv.load_audio(speech_dir / "en" / name), gap]
+    return np.concatenate(parts)
+
+
+def test_chunks_are_short_and_cover_the_speech(joined):
+    chunks = split_at_silences(joined)
+    assert len(chunks) >= 2
+    assert all(0 < c.end - c.start <= 30 * SAMPLE_RATE for c in chunks)
+    assert all(a.end <= b.start for a, b in zip(chunks, chunks[1:]))
+
+
+def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined):
+    chunks = split_at_silences(joined)
+    mels = torch.stack(
+        [log_mel_spectrogram(joined[c.start : c.end], 80, padding=N_SAMPLES)[:, :N_FRAMES] for c in chunks]
+    )
+    features = tiny_model.embed_audio(mels)
+    options = DecodingOptions(language="en", without_timestamps=True)
+    tokenizer = tiny_model.tokenizer
+    cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mels))
+    together = decode_windows(tiny_model, tokenizer, features, options, cross)
+    for k in range(len(chunks)):
+        alone = decode_window(tiny_model, tokenizer, features[k : k + 1], options)
+        assert together[k].tokens == alone.tokens, f"chunk {k}"
+
+
+def test_batched_transcript_close_to_sequential(tiny_model, joined):
+    batched = transcribe_batched(tiny_model, joined)
+    sequential = tiny_model.transcribe(joined)
+    assert batched["batched"]["chunks"] >= 2
+    assert wer(sequential["text"], batched["text"]) <= 0.05
+    assert [s["start"] for s in batched["segments"]] == sorted(s["start"] for s in batched["segments"])
