@@ -20,7 +20,7 @@ import torch
 
 from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperkv.cache.store import CacheStore
-from whisperkv.decoding.decode import decode_window
+from whisperkv.decoding.decode import decode_window, initial_tokens
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 
@@ -102,7 +102,8 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         report["identical"] = report["identical"] and again is window
         merge("fallback_reuse", report)
 
-        sequence = torch.tensor([[*options_prompt(tokenizer, options), *twin.tokens, tokenizer.eot]])
+        prompt = initial_tokens(tokenizer, options, model.dims.n_text_ctx, model.dims.n_text_ctx // 2)
+        sequence = torch.tensor([[*prompt, *twin.tokens, tokenizer.eot]])
         with torch.no_grad():
             reference_logits = model.decoder.forward_uncached(sequence, window.audio_features)
             aligned_logits, _ = model.decoder.cross_attention_weights(sequence, window.cross_kv)
@@ -127,9 +128,3 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         "seconds": {"twin": round(twin_seconds, 3), "cached": round(cached_seconds, 3)},
         "cache": store.report(),
     }
-
-
-def options_prompt(tokenizer, options: DecodingOptions) -> list[int]:
-    if options.without_timestamps:
-        return list(tokenizer.sot_sequence_including_notimestamps)
-    return list(tokenizer.sot_sequence)
