@@ -39,10 +39,21 @@ class CrossKV:
         self.provenance = provenance
 
     @classmethod
-    def project(cls, attention: torch.nn.Module, audio_features: torch.Tensor, provenance: CrossKVProvenance):
-        """Project the encoder output once through this layer's cross-attention key/value linears."""
+    def project(
+        cls,
+        attention: torch.nn.Module,
+        audio_features: torch.Tensor,
+        provenance: CrossKVProvenance,
+        dtype: torch.dtype | None = None,
+    ) -> CrossKV:
+        """Project the encoder output once through this layer's cross-attention key/value linears.
+
+        ``dtype``, when given, is the dtype the keys/values are held in (bfloat16 for the int8 type).
+        """
         with torch.no_grad():
             key, value = attention.project_kv(audio_features)
+        if dtype is not None:
+            key, value = key.to(dtype), value.to(dtype)
         return cls(key, value, provenance)
 
     @property

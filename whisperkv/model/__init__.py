@@ -22,7 +22,9 @@ def model_from_checkpoint(
     model.name = ckpt.extra.get("name", "")
     model.source = ckpt.source
     model.requires_grad_(False)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    model.fuse_qkv()
+    return model
 
 
 def load_model(

@@ -8,6 +8,9 @@ One module serves the three uses in Whisper:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +24,48 @@ class MultiHeadAttention(nn.Module):
         self.key = nn.Linear(n_state, n_state, bias=False)  # Whisper's key projection has no bias
         self.value = nn.Linear(n_state, n_state)
         self.out = nn.Linear(n_state, n_state)
+        #: query|key|value as one projection (set by ``fuse_qkv``): one weight read instead of three
+        self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def fuse_qkv(
+        self,
+        make_linear: Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+        | None = None,
+    ) -> None:
+        """Project queries, keys and values with one matrix: one matmul per step instead of three.
+
+        The fused output splits into exactly what the three layers give (the key has no bias; a zero
+        one adds nothing), bit for bit. The three layers keep working as views into the fused matrix,
+        so no weight is held twice and the state dict keeps its names. ``make_linear(weight, bias)``
+        builds the fused layer another way (int8 quantisation).
+        """
+        n = self.query.weight.shape[0]
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach()
+        bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias]).detach()
+        self.query.weight, self.key.weight, self.value.weight = (
+            nn.Parameter(w, requires_grad=False) for w in weight.split(n)
+        )
+        self.query.bias = nn.Parameter(bias[:n], requires_grad=False)
+        self.value.bias = nn.Parameter(bias[2 * n :], requires_grad=False)
+        if make_linear is None:
+            self.qkv = functools.partial(F.linear, weight=weight, bias=bias)
+        else:
+            self.qkv = make_linear(weight, bias)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again."""
+        super()._apply(fn, recurse)
+        if isinstance(self.qkv, functools.partial):
+            self.fuse_qkv()
+        return self
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [B, T, d] and head-split keys/values [B, H, T, d/H] (views) of ``x`` [B, T, d]."""
+        if self.qkv is None:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        else:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return q, heads(k, self.n_head), heads(v, self.n_head)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``x`` [B, T, d], split into heads: [B, H, T, d/H], contiguous.
@@ -42,7 +87,13 @@ class MultiHeadAttention(nn.Module):
         keys at positions ≤ its own (decoder self-attention). When ``B`` is a multiple of ``Bk`` the
         rows are beams sharing one audio window: their queries are grouped, not the keys copied.
         """
-        return self.out(attend(self.query(x), key, value, causal_offset))
+        return self.attend(self.query(x), key, value, causal_offset)
+
+    def attend(
+        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal_offset: int | None = None
+    ) -> torch.Tensor:
+        """Like ``forward``, for queries [B, Tq, d] already projected (by ``project_qkv``)."""
+        return self.out(attend(q, key, value, causal_offset))
 
     def weights(self, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Softmax attention weights [B, H, Tq, Tk] (no mask): what word alignment reads."""
@@ -50,19 +101,30 @@ class MultiHeadAttention(nn.Module):
         if key.shape[0] != q.shape[0]:
             key = key.repeat_interleave(q.shape[0] // key.shape[0], dim=0)
         scale = q.shape[-1] ** -0.5
-        return torch.softmax((q @ key.transpose(-1, -2)).float() * scale, dim=-1)
+        return torch.softmax((q @ key.to(q.dtype).transpose(-1, -2)).float() * scale, dim=-1)
+
+
+def heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """[B, T, d] → [B, H, T, d/H], a view."""
+    b, t, d = x.shape
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
 
 
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, d] → [B, H, T, d/H], contiguous."""
-    b, t, d = x.shape
-    return x.view(b, t, n_head, d // n_head).transpose(1, 2).contiguous()
+    return heads(x, n_head).contiguous()
 
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None = None
 ) -> torch.Tensor:
-    """Scaled dot-product attention of queries [B, Tq, d] over head-split keys/values; returns [B, Tq, d]."""
+    """Scaled dot-product attention of queries [B, Tq, d] over head-split keys/values; returns [B, Tq, d].
+
+    Keys/values held in another dtype than the queries (bfloat16 caches of the int8 type) are read
+    as they are: the queries are cast to them, the output back.
+    """
+    out_dtype = q.dtype
+    q = q.to(k.dtype)
     b, tq, d = q.shape
     bk, n_head, tk, _ = k.shape
     group = b // bk
@@ -77,4 +139,4 @@ def attend(
         mask = torch.arange(tk, device=q.device)[None, :] <= positions
     qh = q.view(bk, group * tq, n_head, d // n_head).transpose(1, 2)
     out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)
-    return out.transpose(1, 2).reshape(b, tq, d)
+    return out.transpose(1, 2).reshape(b, tq, d).to(out_dtype)

@@ -39,10 +39,9 @@ class DecoderBlock(nn.Module):
         collect_weights: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         offset = self_kv.length
-        h = self.attn_ln(x)
-        k, v = self.attn.project_kv(h)
+        q, k, v = self.attn.project_qkv(self.attn_ln(x))
         self_kv.append(k, v)  # the Self-KV grows by the new positions, in place
-        x = x + self.attn(h, self_kv.key, self_kv.value, causal_offset=offset)
+        x = x + self.attn.attend(q, self_kv.key, self_kv.value, causal_offset=offset)
         h = self.cross_attn_ln(x)
         if collect_weights is not None:
             collect_weights.append(self.cross_attn.weights(h, cross_kv.key))
@@ -67,6 +66,8 @@ class TextDecoder(nn.Module):
         self.ln = nn.LayerNorm(n_state)
         #: set by int8 quantisation; otherwise logits use the token embedding directly (tied weights)
         self.logits_projection: nn.Module | None = None
+        #: dtype the Self-KV and Cross-KV are held in; None means the weights' dtype
+        self.kv_dtype: torch.dtype | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -77,7 +78,9 @@ class TextDecoder(nn.Module):
     ) -> list[CrossKV]:
         """Every layer's Cross-KV for one encoder output: projected once, then only read."""
         return [
-            CrossKV.project(block.cross_attn, audio_features, CrossKVProvenance(encoder_provenance, i))
+            CrossKV.project(
+                block.cross_attn, audio_features, CrossKVProvenance(encoder_provenance, i), self.kv_dtype
+            )
             for i, block in enumerate(self.blocks)
         ]
 

@@ -38,9 +38,8 @@ class EncoderBlock(nn.Module):
         self.mlp = mlp(n_state)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.attn_ln(x)
-        k, v = self.attn.project_kv(h)
-        x = x + self.attn(h, k, v)
+        q, k, v = self.attn.project_qkv(self.attn_ln(x))
+        x = x + self.attn.attend(q, k, v)
         return x + self.mlp(self.mlp_ln(x))
 
 

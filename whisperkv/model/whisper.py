@@ -40,6 +40,15 @@ class Whisper(nn.Module):
         self.source = ""
         self.compute_type = "default"
 
+    def fuse_qkv(self) -> None:
+        """Fuse every self-attention's query/key/value projections (same numbers, fewer matmuls).
+
+        Done once the weights sit on their device in their dtype; cross-attention is left alone: its
+        keys/values are projected once per window, its queries once per step.
+        """
+        for block in [*self.encoder.blocks, *self.decoder.blocks]:
+            block.attn.fuse_qkv()
+
     @property
     def is_multilingual(self) -> bool:
         return self.dims.is_multilingual
@@ -93,10 +102,15 @@ class Whisper(nn.Module):
             device=str(self.device),
         )
 
+    @property
+    def encoder_dtype(self) -> torch.dtype:
+        """The encoder's own dtype: the int8 compute type may run it in bfloat16 (``quantize.py``)."""
+        return self.encoder.conv1.weight.dtype
+
     @torch.no_grad()
     def embed_audio(self, mel: torch.Tensor) -> torch.Tensor:
-        """Encoder output [B, 1500, d] for log-Mel windows [B, n_mels, 3000]."""
-        return self.encoder(mel.to(self.device, self.dtype))
+        """Encoder output [B, 1500, d] for log-Mel windows [B, n_mels, 3000], in the model's dtype."""
+        return self.encoder(mel.to(self.device, self.encoder_dtype)).to(self.dtype)
 
     def transcribe(self, audio: str | np.ndarray | torch.Tensor, **options: Any) -> dict:
         """Transcribe a file path or a 16 kHz float32 waveform; options as in openai-whisper."""
