@@ -49,9 +49,15 @@ class CrossKV:
         """Project the encoder output once through this layer's cross-attention key/value linears.
 
         ``dtype``, when given, is the dtype the keys/values are held in (bfloat16 for the int8 type).
+        A batch of windows is projected one window at a time on the CPU: an int8 projection of 16
+        windows at once was 3x slower than 16 single ones (activations far outside the caches).
         """
         with torch.no_grad():
-            key, value = attention.project_kv(audio_features)
+            if audio_features.shape[0] > 1 and audio_features.device.type == "cpu":
+                parts = [attention.project_kv(row) for row in audio_features.split(1)]
+                key, value = torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])
+            else:
+                key, value = attention.project_kv(audio_features)
         if dtype is not None:
             key, value = key.to(dtype), value.to(dtype)
         return cls(key, value, provenance)

@@ -6,8 +6,20 @@ new row continues — the decoding loop uses that to reorder every layer's Self-
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Index of each row's largest logit (the first one on ties), like ``logits.argmax(-1)``.
+
+    On the CPU numpy's argmax is ~15x faster than torch's over a 51,865-entry row (5 vs 95 µs
+    here), and greedy decoding takes one per token.
+    """
+    if logits.device.type == "cpu":
+        return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
+    return logits.argmax(dim=-1)
 
 
 class GreedySearch:
@@ -22,7 +34,7 @@ class GreedySearch:
         self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor
     ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
         if self.temperature == 0:
-            next_tokens = logits.argmax(dim=-1)
+            next_tokens = argmax_rows(logits)
         else:
             # softmax of the normalised scaled logits, one multinomial draw per row: the same arithmetic
             # and random-number use as the reference, so a seeded run reproduces its samples

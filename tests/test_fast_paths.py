@@ -1,0 +1,129 @@
+"""Fast paths of the performance work: exact ones give the same numbers, the int8 type stays close.
+
+* fused query/key/value projection: bit-identical to the three separate layers, also after ``.to()``;
+* numpy argmax for greedy picks exactly what ``torch.argmax`` picks, ties and -inf included;
+* encoding a batch in groups gives each window the same features as encoding its group alone;
+* the int8 compute type: int8 per-row linears within their quantisation error, and transcripts that
+  agree with float32 closely on real speech (measured here, not assumed).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import whisperkv
+from whisperkv.decoding.search import argmax_rows
+from whisperkv.metrics import word_errors
+from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16
+from whisperkv.model.whisper import CPU_ENCODER_GROUP
+
+from .conftest import clip_path, english_clips
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("positions", [1, 7, 1500])
+def test_fused_qkv_is_bit_identical_to_separate_projections(tiny_model, rows, positions):
+    for attn in (tiny_model.decoder.blocks[0].attn, tiny_model.encoder.blocks[2].attn):
+        assert attn.qkv is not None
+        h = torch.randn(rows, positions, attn.query.weight.shape[1])
+        q, k, v = attn.project_qkv(h)
+        assert torch.equal(q, attn.query(h))
+        assert torch.equal(k, attn.key(h).view_as(h).view(rows, positions, attn.n_head, -1).transpose(1, 2))
+        assert torch.equal(v.transpose(1, 2).reshape_as(h), attn.value(h))
+
+
+def test_fused_weights_are_views_and_survive_a_dtype_change():
+    model = whisperkv.load_model("tiny.en")
+    attn = model.decoder.blocks[1].attn
+    fused = attn.qkv.keywords["weight"]
+    assert attn.key.weight.data_ptr() == fused[attn.n_head * 0 + fused.shape[0] // 3 :].data_ptr()
+    model.to(torch.float64)  # new tensors everywhere: the fused matrix must follow, not go stale
+    h = torch.randn(1, 3, attn.query.weight.shape[1], dtype=torch.float64)
+    q, _, v = attn.project_qkv(h)
+    assert q.dtype == torch.float64
+    assert torch.equal(q, attn.query(h))
+    assert torch.equal(v.transpose(1, 2).reshape_as(h), attn.value(h))
+
+
+def test_state_dict_keeps_its_names_after_fusion(tiny_model):
+    keys = tiny_model.state_dict().keys()
+    assert "decoder.blocks.0.attn.query.weight" in keys
+    assert not any("qkv" in k for k in keys)
+
+
+def test_argmax_rows_matches_torch_including_ties_and_masked_entries():
+    logits = torch.randn(6, 51865)
+    logits[1, :100] = float("-inf")
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie: the first index wins in both
+    logits[3] = 0.0
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    assert argmax_rows(logits)[2] == 7
+
+
+def test_batch_encoded_in_groups_equals_each_group_alone(tiny_model):
+    mel = torch.randn(CPU_ENCODER_GROUP + 1, tiny_model.dims.n_mels, 3000)
+    together = tiny_model.embed_audio(mel)
+    first = tiny_model.embed_audio(mel[:CPU_ENCODER_GROUP])
+    last = tiny_model.embed_audio(mel[CPU_ENCODER_GROUP:])
+    assert torch.equal(together, torch.cat([first, last]))
+
+
+def test_int8_linear_is_within_its_quantisation_error():
+    torch.manual_seed(1)
+    weight = torch.randn(96, 64) * torch.linspace(0.01, 1.0, 96)[:, None]  # rows of very different scales
+    bias = torch.randn(96)
+    layer = Int8Linear(weight, bias)
+    x = torch.randn(4, 3, 64)
+    exact = torch.nn.functional.linear(x, weight, bias)
+    got = layer(x)
+    assert got.shape == exact.shape
+    # per-row scales: each row's error follows its own magnitude, not the largest row's
+    row_error = (got - exact).abs().amax(dim=(0, 1))
+    row_scale = weight.abs().amax(dim=1) * x.abs().max() * 64 / 127
+    assert torch.all(row_error <= row_scale)
+    # measured: 0.015 vs 0.17 here; one scale for the whole matrix gives the small rows 0.15
+    assert row_error[:10].max() < 0.3 * row_error[-10:].max()
+    assert layer.nbytes == 96 * 64
+
+
+@pytest.fixture(scope="module")
+def int8_model():
+    return whisperkv.load_model("tiny.en", compute_type="int8")
+
+
+def test_int8_model_layout(int8_model):
+    decoder = int8_model.decoder
+    assert isinstance(decoder.logits_projection, Int8Linear)
+    for block in decoder.blocks:
+        assert isinstance(block.attn.qkv, Int8Linear)
+        assert isinstance(block.mlp[0], Int8Linear) and isinstance(block.cross_attn.out, Int8Linear)
+    assert "+int8" in int8_model.weights_digest
+    if cpu_has_fast_bfloat16():
+        assert int8_model.encoder_dtype == torch.bfloat16
+        assert decoder.kv_dtype == torch.bfloat16
+    else:
+        assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8Linear)
+    features = int8_model.embed_audio(torch.zeros(1, 80, 3000))
+    assert features.dtype == torch.float32  # whatever the encoder ran in, the decoder gets float32
+
+
+def test_int8_transcripts_agree_with_float32_on_real_speech(tiny_model, int8_model, speech_dir):
+    clips = english_clips()[:8]
+    int8_vs_fp32 = [0, 0]
+    int8_vs_ref = [0, 0]
+    fp32_vs_ref = [0, 0]
+    for row in clips:
+        fp32 = tiny_model.transcribe(str(clip_path(row)), temperature=0.0)["text"]
+        int8 = int8_model.transcribe(str(clip_path(row)), temperature=0.0)["text"]
+        for total, (ref, hyp) in (
+            (int8_vs_fp32, (fp32, int8)),
+            (int8_vs_ref, (row["reference"], int8)),
+            (fp32_vs_ref, (row["reference"], fp32)),
+        ):
+            errors, words = word_errors(ref, hyp)
+            total[0] += errors
+            total[1] += words
+    assert int8_vs_fp32[1] > 50
+    assert int8_vs_fp32[0] / int8_vs_fp32[1] <= 0.08  # measured: 2.8 % of words on the long benchmark file
+    assert int8_vs_ref[0] / int8_vs_ref[1] <= fp32_vs_ref[0] / fp32_vs_ref[1] + 0.03
