@@ -30,6 +30,7 @@ HOP_LENGTH = 160  # STFT stride: 160 samples = 10 ms, hence 100 frames per secon
 CHUNK_LENGTH = 30  # the encoder always looks at exactly 30 seconds
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in one 30-second window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 spectrogram frames in one window
+MEL_BLOCK_FRAMES = 6000  # frames transformed at once by log_mel_spectrogram (bounds its memory)
 
 # The encoder's two convolutions halve the frame rate, so each audio position (and each timestamp
 # token step) covers two spectrogram frames: 20 ms.
@@ -243,15 +244,24 @@ def log_mel_spectrogram(
     if padding > 0:
         waveform = F.pad(waveform, (0, padding))
 
-    # 25 ms periodic Hann windows every 10 ms. center=True reflect-pads N_FFT // 2 samples at both ends,
-    # so frame t is centred on sample t * HOP_LENGTH.
+    # 25 ms periodic Hann windows every 10 ms. Centring reflect-pads N_FFT // 2 samples at both ends, so
+    # frame t is centred on sample t * HOP_LENGTH; it yields one frame more than len // HOP_LENGTH, and
+    # Whisper drops the last one.
     window = torch.hann_window(N_FFT, device=waveform.device)
-    stft = torch.stft(waveform, N_FFT, HOP_LENGTH, window=window, center=True, return_complex=True)
-    # Centring yields one frame more than len // HOP_LENGTH; Whisper drops the last one.
-    power = stft[..., :-1].abs() ** 2
-
-    mel = mel_filters(n_mels, waveform.device) @ power
-    log_spec = torch.clamp(mel, min=1e-10).log10()
+    n_frames = waveform.shape[0] // HOP_LENGTH
+    if n_frames == 0:
+        return torch.zeros(n_mels, 0, device=waveform.device)
+    padded = F.pad(waveform[None, None], (N_FFT // 2, N_FFT // 2), mode="reflect")[0, 0]
+    filters = mel_filters(n_mels, waveform.device)
+    # Long audio is transformed a block of frames at a time: the same frames, the same numbers, but the
+    # complex spectrum of a whole hour never sits in memory at once.
+    blocks = []
+    for first in range(0, n_frames, MEL_BLOCK_FRAMES):
+        last = min(first + MEL_BLOCK_FRAMES, n_frames)  # frames [first, last)
+        samples = padded[first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT]
+        stft = torch.stft(samples, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+        blocks.append(torch.clamp(filters @ (stft.abs() ** 2), min=1e-10).log10())
+    log_spec = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]
     # Keep only the top 80 dB of dynamic range: quieter detail is noise the model never learned from.
     log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
     # Shift and scale to roughly [-1, 1], the range the encoder was trained on.
