@@ -38,7 +38,14 @@ def test_chunks_are_short_and_cover_the_speech(joined):
     assert all(a.end <= b.start for a, b in zip(chunks, chunks[1:]))
 
 
-def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined):
+def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined, monkeypatch):
+    from whisperkv.cache.kv import DecoderCache
+
+    kept: list[int] = []  # finished rows are dropped from the batch on the way: make sure that ran
+    keep_rows = DecoderCache.keep_rows
+    monkeypatch.setattr(
+        DecoderCache, "keep_rows", lambda self, rows: (kept.append(len(rows)), keep_rows(self, rows))
+    )
     chunks = split_at_silences(joined)
     mels = torch.stack(
         [log_mel_spectrogram(joined[c.start : c.end], 80, padding=N_SAMPLES)[:, :N_FRAMES] for c in chunks]
@@ -51,6 +58,8 @@ def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined):
     for k in range(len(chunks)):
         alone = decode_window(tiny_model, tokenizer, features[k : k + 1], options)
         assert together[k].tokens == alone.tokens, f"chunk {k}"
+        assert together[k].avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-5)
+    assert kept and kept[-1] < len(chunks)
 
 
 def test_batched_transcript_close_to_sequential(tiny_model, joined):

