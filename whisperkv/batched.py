@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
+from whisperkv.audio import (
+    HOP_LENGTH,
+    N_FFT,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    load_audio,
+    log_mel_spectrogram,
+)
 from whisperkv.cache.store import CacheStore
 from whisperkv.decoding.decode import decode_windows
 from whisperkv.decoding.language import detect_language_from_features
@@ -95,6 +103,17 @@ def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: f
     return chunks
 
 
+def chunk_mel(audio: np.ndarray, chunk: Chunk, n_mels: int) -> torch.Tensor:
+    """The chunk's 30 s log-Mel window [n_mels, 3000], padded with silence as ``transcribe`` pads.
+
+    Only as much silence as the window's last frame reaches is transformed (30 s of padding per chunk
+    would double the STFT work); the frames, and the maximum the dynamic range is cut from, are the same.
+    """
+    samples = audio[chunk.start : chunk.end]
+    padding = max(0, N_SAMPLES + N_FFT - len(samples))
+    return log_mel_spectrogram(samples, n_mels, padding=padding)[:, :N_FRAMES]
+
+
 def transcribe_batched(
     model: Whisper,
     audio: str | np.ndarray,
@@ -114,9 +133,8 @@ def transcribe_batched(
         raise AudioError("<array>", "no audio samples")
     chunks = split_at_silences(audio)
     if language is None and model.is_multilingual and chunks:
-        head = audio[chunks[0].start : chunks[0].end]
-        first = log_mel_spectrogram(head, model.dims.n_mels, padding=N_SAMPLES)
-        language, _ = detect_language_from_features(model, model.embed_audio(first[None, :, :N_FRAMES]))
+        first = chunk_mel(audio, chunks[0], model.dims.n_mels)
+        language, _ = detect_language_from_features(model, model.embed_audio(first[None]))
     language = language or "en"
     tokenizer = model.tokenizer.with_options(language=language)
     # chunk boundaries are the timestamps; the decoder need not predict any (and skips their rules)
@@ -126,14 +144,7 @@ def transcribe_batched(
     fallbacks = 0
     for first in range(0, len(chunks), batch_size):
         group = chunks[first : first + batch_size]
-        mels = torch.stack(
-            [
-                log_mel_spectrogram(audio[c.start : c.end], model.dims.n_mels, padding=N_SAMPLES)[
-                    :, :N_FRAMES
-                ]
-                for c in group
-            ]
-        )
+        mels = torch.stack([chunk_mel(audio, c, model.dims.n_mels) for c in group])
         features = model.embed_audio(mels)
         # one Cross-KV row per chunk; its provenance names the whole batch (every window's Mel, the span)
         batch_provenance = model.encoder_provenance(mels, group[0].start, group[-1].end)
