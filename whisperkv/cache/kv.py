@@ -148,9 +148,21 @@ class SelfKV:
         return self._value[:, :, : self.length]
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Make row i hold what row ``rows[i]`` held: beams follow their surviving parents."""
-        self._key = self._key.index_select(0, rows)
-        self._value = self._value.index_select(0, rows)
+        """Make row i hold what row ``rows[i]`` held: beams follow their surviving parents.
+
+        Only the positions held are moved, into a fresh buffer of the same capacity: early in a window
+        that is a small part of the 448-position buffer that a whole-buffer gather would copy.
+        """
+        if rows.shape[0] == self._key.shape[0] and torch.equal(
+            rows, torch.arange(rows.shape[0], device=rows.device)
+        ):
+            return  # every row keeps its own prefix
+        n = self.length
+        for name in ("_key", "_value"):
+            old = getattr(self, name)
+            new = old.new_empty((rows.shape[0], *old.shape[1:]))
+            new[:, :, :n] = old[:, :, :n].index_select(0, rows)
+            setattr(self, name, new)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -79,6 +79,9 @@ class BeamSearch:
             self.finished = [{} for _ in range(n_audio)]
         logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_ids = logprobs.topk(self.beam_size + 1, dim=-1)
+        # float32 sums, as accumulating on the tensor would round them (numpy float32: IEEE, the same)
+        candidate_scores = (sum_logprobs.cpu().float()[:, None] + top_logprobs.cpu()).numpy()
+        prefixes, top_ids = tokens.tolist(), top_ids.tolist()
         rows: list[list[int]] = []
         sources: list[int] = []
         for a in range(n_audio):
@@ -86,11 +89,9 @@ class BeamSearch:
             parent: dict[tuple[int, ...], int] = {}
             for b in range(self.beam_size):
                 row = a * self.beam_size + b
-                prefix = tokens[row].tolist()
-                for lp, tok in zip(top_logprobs[row].tolist(), top_ids[row].tolist()):
-                    seq = tuple(prefix + [tok])
-                    # same float32 arithmetic as accumulating on the tensor
-                    scores[seq] = (sum_logprobs[row] + torch.tensor(lp)).item()
+                for score, tok in zip(candidate_scores[row].tolist(), top_ids[row]):
+                    seq = tuple(prefixes[row] + [tok])
+                    scores[seq] = score
                     parent[seq] = row
             kept = 0
             newly_finished: dict[tuple[int, ...], float] = {}
