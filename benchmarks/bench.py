@@ -199,6 +199,66 @@ def encoder_seconds(threads: int, compute_type: str = "float32", repeats: int = 
 # ---------------------------------------------------------------- the run
 
 
+TARGETS = [  # (what, whisperkv engine, peer engine, audios it applies to, largest allowed time ratio)
+    (
+        "sequential greedy fp32 <= 1.0 x faster-whisper fp32",
+        "whisperkv-fp32",
+        "faster-whisper-fp32",
+        "short,long",
+        1.0,
+    ),
+    (
+        "sequential greedy int8 <= 0.7 x faster-whisper int8",
+        "whisperkv-int8",
+        "faster-whisper-int8",
+        "short,long",
+        0.7,
+    ),
+    (
+        "batched int8 >= 3 x faster than faster-whisper int8",
+        "whisperkv-batched-int8",
+        "faster-whisper-int8",
+        "long",
+        1 / 3,
+    ),
+]
+
+
+def print_targets(table: dict, rss: dict, refs: dict, results: dict) -> None:
+    """The performance issue's targets, each with the measured ratio and whether it is met."""
+    print("\ntargets (greedy; met or not, as measured in this run):")
+    for audio_name in ("short", "long"):
+        for what, ours, peer, audios, limit in TARGETS:
+            if audio_name not in audios.split(","):
+                continue
+            if (ours, audio_name, "greedy") in table and (peer, audio_name, "greedy") in table:
+                ratio = table[(ours, audio_name, "greedy")] / table[(peer, audio_name, "greedy")]
+                verdict = "met" if ratio <= limit else "NOT met"
+                print(f"  {audio_name:<5} {what:<55} {ratio:5.2f} (= {1 / ratio:.2f} x faster)  {verdict}")
+        ours_int8, peer_int8 = (
+            ("whisperkv-int8", audio_name, "greedy"),
+            ("faster-whisper-int8", audio_name, "greedy"),
+        )
+        if ours_int8 in results and peer_int8 in results:
+            from whisperkv.metrics import wer
+
+            ours_wer, peer_wer = (wer(refs[audio_name], results[k][-1][1]) for k in (ours_int8, peer_int8))
+            verdict = "met" if ours_wer <= peer_wer else "NOT met"
+            print(
+                f"  {audio_name:<5} {'int8 WER no worse than faster-whisper int8':<55} "
+                f"{ours_wer:5.1%} vs {peer_wer:.1%}  {verdict}"
+            )
+        openai = rss.get(("openai-whisper-fp32", audio_name, "greedy"))
+        for ours in ("whisperkv-fp32", "whisperkv-int8", "whisperkv-batched-int8"):
+            if openai and (ours, audio_name, "greedy") in rss:
+                mine = rss[(ours, audio_name, "greedy")]
+                verdict = "met" if mine < openai else "NOT met"
+                print(
+                    f"  {audio_name:<5} {'peak RSS below openai-whisper: ' + ours:<55} "
+                    f"{mine / 2**20:5.0f} vs {openai / 2**20:.0f} MB  {verdict}"
+                )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -259,7 +319,8 @@ def main() -> int:
     print(f"\nmachine: {args.threads} threads; fp32 GEMM {peak:.1f} GFLOP/s (1536^3, median)")
     print(
         f"tiny encoder fp32: {enc * 1000:.0f} ms per 30 s window = {ENCODER_GFLOP_TINY / enc:.1f} GFLOP/s "
-        f"= {ENCODER_GFLOP_TINY / enc / peak:.0%} of measured GEMM peak"
+        f"= {ENCODER_GFLOP_TINY / enc / peak:.0%} of measured GEMM peak "
+        f"(target 75 %: {'met' if ENCODER_GFLOP_TINY / enc / peak >= 0.75 else 'NOT met'})"
     )
     lengths = f"short {durations['short']:.1f} s, long {durations['long']:.1f} s"
     print(f"audio: {lengths}; {args.repeats} repeats, medians\n")
@@ -277,6 +338,14 @@ def main() -> int:
             f"{name:<26}{audio_name:<7}{mode:<8}{median:>9.2f}{median / durations[audio_name]:>8.3f}"
             f"{rss:>12.0f}{errors / max(words, 1):>7.1%}"
         )
+    print("\nagreement with whisperkv float32 (word edits between the transcripts / words):")
+    for (spec, audio_name, mode), runs in results.items():
+        base = results.get(("whisperkv-fp32", audio_name, mode))
+        if spec.startswith("whisperkv") and spec != "whisperkv-fp32" and base:
+            errors, words = word_errors(base[-1][1], runs[-1][1])
+            share = errors / max(words, 1)
+            print(f"  {workers[spec][2]:<24} {audio_name:<5} {mode:<6} {share:6.1%} of words differ")
+    print_targets(table, {key: max(r[2] for r in runs) for key, runs in results.items()}, refs, results)
     print("\nratios (whisperkv time / peer time; < 1 means whisperkv is faster):")
     for (spec, audio_name, mode), t in table.items():
         if not spec.startswith("whisperkv"):
