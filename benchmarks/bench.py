@@ -162,38 +162,33 @@ def build_audio(min_long_seconds: float = 300.0) -> tuple[dict[str, np.ndarray],
     return audios, refs
 
 
-def gemm_gflops(threads: int, repeats: int = 5) -> float:
-    """Measured fp32 GEMM throughput of this machine (median of repeats), in GFLOP/s."""
-    import torch
+def gemm_and_encoder(threads: int, repeats: int = 7) -> tuple[float, float]:
+    """Measured fp32 GEMM throughput (GFLOP/s, 1536^3) and tiny encoder seconds per window, medians.
 
-    torch.set_num_threads(threads)
-    n = 1536
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        times.append((time.perf_counter() - t) / 4)
-    return 2 * n**3 / statistics.median(times) / 1e9
-
-
-def encoder_seconds(threads: int, compute_type: str = "float32", repeats: int = 5) -> float:
+    The two are timed alternately, so both see the machine in the same state: on a shared VM its speed
+    drifts by tens of percent within minutes, and a ratio of two measurements taken apart is not one.
+    """
     import torch
 
     import whisperkv
 
     torch.set_num_threads(threads)
-    model = whisperkv.load_model("tiny.en", compute_type=compute_type)
+    n = 1536
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    model = whisperkv.load_model("tiny.en")
     mel = torch.randn(1, 80, 3000)
+    a @ b
     model.embed_audio(mel)
-    times = []
+    gemm, encoder = [], []
     for _ in range(repeats):
         t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        gemm.append((time.perf_counter() - t) / 4)
+        t = time.perf_counter()
         model.embed_audio(mel)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        encoder.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(gemm) / 1e9, statistics.median(encoder)
 
 
 # ---------------------------------------------------------------- the run
@@ -314,8 +309,7 @@ def main() -> int:
         conn.send(None)
         proc.join(timeout=10)
 
-    peak = gemm_gflops(args.threads)
-    enc = encoder_seconds(args.threads)
+    peak, enc = gemm_and_encoder(args.threads)
     print(f"\nmachine: {args.threads} threads; fp32 GEMM {peak:.1f} GFLOP/s (1536^3, median)")
     print(
         f"tiny encoder fp32: {enc * 1000:.0f} ms per 30 s window = {ENCODER_GFLOP_TINY / enc:.1f} GFLOP/s "

@@ -55,7 +55,9 @@ def random_model(dims: ModelDims, device: str, dtype: torch.dtype) -> Whisper:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.fuse_qkv()  # as load_model does
+    return model
 
 
 @torch.no_grad()

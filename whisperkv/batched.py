@@ -118,7 +118,7 @@ def transcribe_batched(
     model: Whisper,
     audio: str | np.ndarray,
     *,
-    batch_size: int = 16,
+    batch_size: int = 8,
     beam_size: int | None = None,
     language: str | None = None,
     compression_ratio_threshold: float | None = 2.4,
@@ -126,7 +126,11 @@ def transcribe_batched(
     no_speech_threshold: float | None = 0.6,
     **_: Any,
 ) -> dict:
-    """Transcribe with chunks decoded in batches; result shaped like ``transcribe``'s."""
+    """Transcribe with chunks decoded in batches; result shaped like ``transcribe``'s.
+
+    ``batch_size`` 8: as fast as 16 on the 389 s benchmark file (the encoder and each window's own
+    Cross-KV reads dominate, not the weight reads a batch shares) and about 180 MB lighter.
+    """
     if not isinstance(audio, np.ndarray):
         audio = load_audio(audio)
     if audio.size == 0:

@@ -88,7 +88,7 @@ def _transcribe_parser(sub) -> None:
         default=False,
         help="cut at silences and decode many 30 s chunks as one batch (faster, no previous-text prompt)",
     )
-    p.add_argument("--batch_size", type=int, default=16, help="chunks per batch with --batched")
+    p.add_argument("--batch_size", type=int, default=8, help="chunks per batch with --batched")
     p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
 
 

@@ -53,14 +53,13 @@ class CrossKV:
         A batch of windows is projected one window at a time on the CPU: an int8 projection of 16
         windows at once was 3x slower than 16 single ones (activations far outside the caches).
         """
+        dtype = dtype or audio_features.dtype
         with torch.no_grad():
             if audio_features.shape[0] > 1 and audio_features.device.type == "cpu":
-                parts = [attention.project_kv(row) for row in audio_features.split(1)]
+                parts = [[t.to(dtype) for t in attention.project_kv(row)] for row in audio_features.split(1)]
                 key, value = torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])
             else:
-                key, value = attention.project_kv(audio_features)
-        if dtype is not None:
-            key, value = key.to(dtype), value.to(dtype)
+                key, value = (t.to(dtype) for t in attention.project_kv(audio_features))
         return cls(key, value, provenance)
 
     def rows(self, index: torch.Tensor) -> CrossKV:
