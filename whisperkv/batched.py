@@ -152,8 +152,10 @@ def transcribe_batched(
         features = model.embed_audio(mels)
         # one Cross-KV row per chunk; its provenance names the whole batch (every window's Mel, the span)
         batch_provenance = model.encoder_provenance(mels, group[0].start, group[-1].end)
-        cross = model.decoder.project_cross_kv(features, batch_provenance)
-        results = decode_windows(model, tokenizer, features, options, cross)
+        # passed, not kept: as windows finish, the cache replaces these with copies of the rows left
+        results = decode_windows(
+            model, tokenizer, features, options, model.decoder.project_cross_kv(features, batch_provenance)
+        )
         for k, (chunk, result) in enumerate(zip(group, results)):
             too_repetitive = (
                 compression_ratio_threshold is not None

@@ -190,7 +190,7 @@ class DecoderCache:
         if len(self_kv) != len(cross_kv):
             raise ValueError("one SelfKV and one CrossKV per decoder layer")
         self.self_kv = self_kv
-        self.cross_kv = cross_kv
+        self.cross_kv = list(cross_kv)  # its own list: ``keep_rows`` replaces entries, never the caller's
         for kv in self_kv:
             kv.owner = self  # so a layer's Self-KV can state its own provenance
         batch = self_kv[0].shape[0] if self_kv else 0
@@ -222,7 +222,8 @@ class DecoderCache:
         a Cross-KV and Self-KV read at every step of the others.
         """
         self.reorder(rows)
-        self.cross_kv = [kv.rows(rows) for kv in self.cross_kv]
+        for i, kv in enumerate(self.cross_kv):  # one layer at a time, so a full copy never coexists
+            self.cross_kv[i] = kv.rows(rows)
 
     def self_provenance(self, row: int = 0, layer: int = 0) -> SelfKVProvenance:
         """Every layer's Self-KV holds the same prefix; each attended to its own layer's Cross-KV."""

@@ -166,6 +166,7 @@ def decode_windows(
         if cross_kv is None:
             raise ValueError("the cached path needs the windows' Cross-KV")
         cache = model.decoder.new_cache(cross_kv, batch_size=n_audio * n_group)
+        del cross_kv  # the cache holds it now; once rows finish, the full batch's copy can be freed
 
     sum_logprobs = torch.zeros(n_audio * n_group)
     no_speech_probs = [float("nan")] * n_audio
