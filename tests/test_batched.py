@@ -68,3 +68,12 @@ def test_batched_transcript_close_to_sequential(tiny_model, joined):
     assert batched["batched"]["chunks"] >= 2
     assert wer(sequential["text"], batched["text"]) <= 0.05
     assert [s["start"] for s in batched["segments"]] == sorted(s["start"] for s in batched["segments"])
+
+
+def test_batches_are_balanced_and_bad_sizes_refused(tiny_model, joined):
+    result = transcribe_batched(tiny_model, joined, batch_size=2)
+    sizes = result["batched"]["batches"]
+    assert sum(sizes) == result["batched"]["chunks"] and max(sizes) <= 2
+    assert max(sizes) - min(sizes) <= 1  # no small leftover batch paying a full batch's steps
+    with pytest.raises(ValueError, match="batch_size"):
+        transcribe_batched(tiny_model, joined, batch_size=0)

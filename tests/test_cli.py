@@ -101,6 +101,23 @@ def test_bad_model_is_one_line_and_exit_2(tmp_path, speech_dir):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_bad_batch_size_is_a_usage_error(tmp_path, speech_dir):
+    proc = run_cli(
+        "transcribe",
+        str(speech_dir / "en" / "jfk.flac"),
+        "--batched",
+        "True",
+        "--batch_size",
+        "0",
+        "--output_dir",
+        str(tmp_path),
+    )
+    assert proc.returncode == 2
+    assert "--batch_size: must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_inspect_json_figures():
     proc = run_cli(
         "inspect",

@@ -88,7 +88,7 @@ def _transcribe_parser(sub) -> None:
         default=False,
         help="cut at silences and decode many 30 s chunks as one batch (faster, no previous-text prompt)",
     )
-    p.add_argument("--batch_size", type=int, default=8, help="chunks per batch with --batched")
+    p.add_argument("--batch_size", type=positive_int, default=8, help="chunks per batch with --batched")
     p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
 
 
@@ -110,6 +110,17 @@ def _load(args):
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     return load_model(args.model, device=args.device)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a bad value is a one-line usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def cmd_transcribe(args) -> int:
