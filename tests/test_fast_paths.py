@@ -15,7 +15,7 @@ import torch
 import whisperkv
 from whisperkv.decoding.search import argmax_rows
 from whisperkv.metrics import word_errors
-from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16
+from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
 from whisperkv.model.whisper import CPU_ENCODER_GROUP
 
 from .conftest import clip_path, english_clips
@@ -106,6 +106,8 @@ def test_int8_model_layout(int8_model):
         assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8Linear)
     features = int8_model.embed_audio(torch.zeros(1, 80, 3000))
     assert features.dtype == torch.float32  # whatever the encoder ran in, the decoder gets float32
+    with pytest.raises(ValueError, match="already"):
+        quantize_int8(int8_model)
 
 
 def test_int8_transcripts_agree_with_float32_on_real_speech(tiny_model, int8_model, speech_dir):

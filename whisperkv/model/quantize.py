@@ -104,6 +104,8 @@ def quantize_int8(model: Whisper, encoder_bfloat16: bool | None = None) -> Whisp
 
     ``encoder_bfloat16``: None picks bfloat16 for the encoder when the CPU has native support.
     """
+    if model.compute_type == "int8":
+        raise ValueError("this model is already of the int8 compute type")
     if model.device.type != "cpu" or model.dtype != torch.float32:
         raise ValueError("int8 quantisation needs a float32 model on the CPU")
     if encoder_bfloat16 is None:
