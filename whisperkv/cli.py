@@ -109,7 +109,7 @@ def _load(args):
 
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
-    return load_model(args.model, device=args.device)
+    return load_model(args.model, device=args.device, compute_type=getattr(args, "compute_type", "default"))
 
 
 def positive_int(text: str) -> int:
@@ -136,10 +136,6 @@ def cmd_transcribe(args) -> int:
     if args.max_line_count and not args.max_line_width:
         warnings.warn("--max_line_count has no effect without --max_line_width", stacklevel=1)
     model = _load(args)
-    if args.compute_type == "int8":
-        from whisperkv.model.quantize import quantize_int8
-
-        quantize_int8(model)
     language = args.language
     if language is not None and language.lower() in TO_LANGUAGE_CODE:
         language = TO_LANGUAGE_CODE[language.lower()]

@@ -210,18 +210,18 @@ def decode_windows(
                 cache.keep_rows(keep.to(model.device))
         new = tokens[:, -1:]
 
+    eot = tokenizer.eot
     if set_aside:  # put the rows set aside back in place, padded with end of text like the others
         rows = dict(set_aside)
         rows.update((int(a), (tokens[i].tolist(), float(sum_logprobs[i]))) for i, a in enumerate(active))
         width = max(len(seq) for seq, _ in rows.values())
-        eot = tokenizer.eot
         tokens = torch.tensor([rows[r][0] + [eot] * (width - len(rows[r][0])) for r in range(n_audio)])
         sum_logprobs = torch.tensor([rows[r][1] for r in range(n_audio)])
 
     candidates, scores = searcher.finalize(
         tokens.reshape(n_audio, n_group, -1).cpu(), sum_logprobs.reshape(n_audio, n_group)
     )
-    eot = tokenizer.eot
+    report = cache_report(cache) if cache is not None else None  # one cache for the whole batch
     results = []
     for a in range(n_audio):
         texts = []
@@ -243,7 +243,7 @@ def decode_windows(
                 compression_ratio=compression_ratio(text),
                 step_logits=step_logits,
                 step_tokens=step_tokens,
-                cache=cache_report(cache) if cache is not None else None,
+                cache=report,
             )
         )
     return results
