@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 pip install -q --upgrade pip
 # CPU build of torch first (a bare "torch" requirement would pull a multi-GB CUDA build).
 pip install -q torch==2.13.0
-pip install -q -e ".[multilingual,test]"
+pip install -q -e ".[all,bench,test]"
 # Test-only reference oracle: openai-whisper without its triton requirement, plus what it imports.
 pip install -q --no-deps openai-whisper==20250625
 pip install -q tiktoken numba more-itertools
