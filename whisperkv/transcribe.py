@@ -30,15 +30,13 @@ from whisperkv.audio import (
     N_FRAMES,
     N_SAMPLES,
     SAMPLE_RATE,
-    load_audio,
-    log_mel_spectrogram,
     pad_or_trim,
 )
+from whisperkv.audio_source import AudioSource, open_source
 from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
-from whisperkv.errors import AudioError
 from whisperkv.tokenizer import LANGUAGES
 
 if TYPE_CHECKING:
@@ -93,7 +91,7 @@ def decode_with_fallback(
 
 def transcribe(
     model: Whisper,
-    audio: str | os.PathLike | np.ndarray | torch.Tensor,
+    audio: str | os.PathLike | np.ndarray | torch.Tensor | AudioSource,
     *,
     verbose: bool | None = None,
     temperature: float | Sequence[float] = DEFAULT_TEMPERATURES,
@@ -111,17 +109,9 @@ def transcribe(
     **decode_options: Any,
 ) -> dict:
     """Transcribe a file or a 16 kHz float32 waveform. Options and result as in openai-whisper."""
-    if isinstance(audio, (str, os.PathLike)):
-        audio = load_audio(audio)
-    if isinstance(audio, np.ndarray):
-        audio = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
-    if audio.ndim != 1:
-        raise AudioError("<array>", f"expected a 1-D waveform, got shape {tuple(audio.shape)}")
-    if audio.numel() == 0:
-        raise AudioError("<array>", "no audio samples")
+    source = open_source(audio, model.dims.n_mels)
     decode_options.pop("fp16", None)  # precision is the model's dtype
-    mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
-    content_frames = mel.shape[-1] - N_FRAMES
+    content_frames = source.content_frames
     content_duration = float(content_frames * HOP_LENGTH / SAMPLE_RATE)
     store = CacheStore(max_entries=2)  # the window being decoded, and the language-detection window
 
@@ -130,7 +120,9 @@ def transcribe(
         if not model.is_multilingual:
             decode_options["language"] = "en"
         else:
-            first = store.encode(model, pad_or_trim(mel, N_FRAMES), 0, N_SAMPLES, "language detection")
+            first = store.encode(
+                model, pad_or_trim(source.mel(0, N_FRAMES), N_FRAMES), 0, N_SAMPLES, "language detection"
+            )
             decode_options["language"], language_probs = detect_language_from_features(
                 model, first.audio_features
             )
@@ -188,12 +180,12 @@ def transcribe(
             window_end_time = float((seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
             segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
-            samples = audio[seek * HOP_LENGTH : (seek + segment_size) * HOP_LENGTH]
+            samples = source.samples(seek * HOP_LENGTH, (seek + segment_size) * HOP_LENGTH)
             if samples.numel() == 0 or float(samples.abs().max()) < SILENCE_PEAK:
                 pbar.update(segment_size / FRAMES_PER_SECOND)
                 seek += segment_size  # nothing was said here: no decode, no hallucination
                 continue
-            mel_segment = pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)
+            mel_segment = pad_or_trim(source.mel(seek, seek + segment_size), N_FRAMES)
             window = store.encode(
                 model, mel_segment, seek * HOP_LENGTH, (seek + segment_size) * HOP_LENGTH, "same window"
             )
