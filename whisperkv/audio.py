@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from whisperkv.errors import AudioError
+from whisperkv.mp3_length import declared_mp3_samples
 
 # --- The fixed numbers every Whisper checkpoint was trained with --------------------------------------
 
@@ -52,6 +54,26 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
     Anything that cannot produce a complete waveform raises :class:`AudioError`, never a partial result:
     a transcript of half a file that looks like a transcript of the whole file is worse than an error.
     """
+    return int16_to_float(np.concatenate(list(decode_audio(path, sr))))
+
+
+def int16_to_float(samples: np.ndarray) -> np.ndarray:
+    """16-bit samples as float32 in [-1, 1): the one conversion every reader of a file uses."""
+    return samples.astype(np.float32) / 32768.0
+
+
+_FLOAT_FORMATS = {"flt", "fltp", "dbl", "dblp"}
+_MP3_TOLERANCE_FRAMES = 4  # a complete MP3 decodes up to ~2 frames short of its count (delay, padding)
+
+
+def decode_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> Iterator[np.ndarray]:
+    """The file as consecutive blocks of mono int16 samples at ``sr`` Hz, decoded as they are read.
+
+    Concatenated, the blocks are exactly :func:`load_audio`'s waveform (times 32768); a reader that keeps
+    only a few of them holds a bounded amount of audio however long the file is. Every check of
+    :func:`load_audio` is made, so a bad file raises :class:`AudioError` while (or after) the blocks
+    are read — at the latest when the last one has been, never silently.
+    """
     source = str(path)
     file = Path(path)
     if not file.exists():
@@ -60,9 +82,12 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
         raise AudioError(source, "is a directory, not a file")
     if file.stat().st_size == 0:
         raise AudioError(source, "empty file")
+    return _decode(source, file, sr)
 
+
+def _decode(source: str, file: Path, sr: int) -> Iterator[np.ndarray]:
     try:
-        container = av.open(os.fspath(path))
+        container = av.open(os.fspath(file))
     except EOFError as e:  # PyAV's EOFError: the file ends before its header does
         raise AudioError(source, "truncated or corrupt audio (file ends inside the header)") from e
     except OSError as e:  # e.g. permission denied
@@ -75,17 +100,25 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
             raise AudioError(source, "no audio stream in file")
         stream = container.streams.audio[0]
         resampler = av.AudioResampler(format="s16", layout="mono", rate=sr)
-        chunks: list[np.ndarray] = []
         decoded_samples = 0  # counted at the file's own rate, to compare with what its header promises
+        produced = 0  # samples given out, at sr
         demuxer_flagged_short_read = False
         try:
             for packet in container.demux(stream):
                 demuxer_flagged_short_read |= packet.is_corrupt
                 for frame in packet.decode():
+                    if frame.format.name in _FLOAT_FORMATS:
+                        # FFmpeg's conversion to int16 turns NaN and infinity into full-scale samples
+                        # without a word; refuse them before it sees them.
+                        _refuse_non_finite(source, frame, decoded_samples)
                     decoded_samples += frame.samples
-                    chunks.extend(_samples(out) for out in resampler.resample(frame))
+                    for out in resampler.resample(frame):
+                        produced += out.samples
+                        yield _samples(out)
             # The resampler holds back a few samples for its filter; ask for them explicitly.
-            chunks.extend(_samples(out) for out in resampler.resample(None))
+            for out in resampler.resample(None):
+                produced += out.samples
+                yield _samples(out)
         except (av.FFmpegError, OSError, ValueError) as e:
             # Raised mid-stream, typically by the decoder on a frame cut off by truncation.
             raise AudioError(source, f"truncated or corrupt audio ({_describe(e)})") from e
@@ -94,20 +127,45 @@ def load_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> np.ndarray:
         if demuxer_flagged_short_read and not _wav_length_unknown(file):
             # The demuxer asked for bytes the header promised and the file did not have.
             raise AudioError(source, "truncated or corrupt audio (file ends before its header says)")
+        rate = stream.codec_context.sample_rate
         if stream.codec_context.name == "flac" and stream.duration:
             # FLAC's STREAMINFO records the exact sample count (FFmpeg leaves duration unset when it is 0).
-            declared = round(stream.duration * stream.time_base * stream.codec_context.sample_rate)
+            declared = round(stream.duration * stream.time_base * rate)
             if decoded_samples < declared:
                 raise AudioError(
                     source, f"truncated or corrupt audio (decoded {decoded_samples} of {declared} samples)"
                 )
-        # Not provable: MP3 has no reliable length field (FFmpeg may estimate it from the bitrate), and
-        # Ogg's length is read from its last complete page, so a cut-off MP3 or Ogg decodes as shorter audio.
-
-    waveform = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
-    if waveform.size == 0:
+        if container.format.name == "mp3" and rate:
+            # An MP3's only length field is the frame count of a Xing/Info or VBRI frame, when it has one.
+            declared = declared_mp3_samples(file)
+            if declared and declared - decoded_samples > _MP3_TOLERANCE_FRAMES * 1152:
+                raise AudioError(
+                    source,
+                    f"truncated or corrupt audio (expected {declared / rate:.2f} s from its Xing/VBRI "
+                    f"header, decoded {decoded_samples / rate:.2f} s)",
+                )
+        # Not provable: a CBR MP3 without such a frame has no length field (FFmpeg estimates one from the
+        # bitrate), and Ogg's length is read from its last complete page, so a cut-off file decodes as
+        # shorter audio.
+    if produced == 0:
         raise AudioError(source, "no audio samples")
-    return waveform.astype(np.float32) / 32768.0
+
+
+def _refuse_non_finite(source: str, frame: av.AudioFrame, first_sample: int) -> None:
+    """Raise AudioError naming the first NaN/infinite sample of a float frame (at the file's rate)."""
+    finite = np.isfinite(frame.to_ndarray())
+    if finite.all():
+        return
+    if frame.format.is_planar:  # [channels, samples]
+        per_sample = finite.all(axis=0)
+    else:  # [1, samples * channels], interleaved
+        per_sample = finite.reshape(-1, frame.layout.nb_channels).all(axis=1)
+    at = first_sample + int(np.argmin(per_sample))
+    raise AudioError(
+        source,
+        f"non-finite sample (NaN or infinity) at {at / frame.sample_rate:.3f} s (sample {at} of the "
+        f"{frame.sample_rate} Hz stream); the file's float samples must be finite numbers",
+    )
 
 
 def _samples(frame: av.AudioFrame) -> np.ndarray:
@@ -247,22 +305,36 @@ def log_mel_spectrogram(
     # 25 ms periodic Hann windows every 10 ms. Centring reflect-pads N_FFT // 2 samples at both ends, so
     # frame t is centred on sample t * HOP_LENGTH; it yields one frame more than len // HOP_LENGTH, and
     # Whisper drops the last one.
-    window = torch.hann_window(N_FFT, device=waveform.device)
     n_frames = waveform.shape[0] // HOP_LENGTH
     if n_frames == 0:
         return torch.zeros(n_mels, 0, device=waveform.device)
     padded = F.pad(waveform[None, None], (N_FFT // 2, N_FFT // 2), mode="reflect")[0, 0]
-    filters = mel_filters(n_mels, waveform.device)
     # Long audio is transformed a block of frames at a time: the same frames, the same numbers, but the
     # complex spectrum of a whole hour never sits in memory at once.
     blocks = []
     for first in range(0, n_frames, MEL_BLOCK_FRAMES):
         last = min(first + MEL_BLOCK_FRAMES, n_frames)  # frames [first, last)
-        samples = padded[first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT]
-        stft = torch.stft(samples, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
-        blocks.append(torch.clamp(filters @ (stft.abs() ** 2), min=1e-10).log10())
+        blocks.append(log_power_block(padded[first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT], n_mels))
     log_spec = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]
+    return normalise_log_mel(log_spec, log_spec.max())
+
+
+def log_power_block(samples: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """log10 Mel power of consecutive frames, [n_mels, frames], from the ``(frames - 1) * HOP_LENGTH +
+    N_FFT`` padded samples under them.
+
+    A streaming reader gives this the same blocks :func:`log_mel_spectrogram` does (frames from a
+    multiple of ``MEL_BLOCK_FRAMES``, the same samples), so both get the same bits from transforms of
+    the same shape.
+    """
+    window = torch.hann_window(N_FFT, device=samples.device)
+    stft = torch.stft(samples, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+    return torch.clamp(mel_filters(n_mels, samples.device) @ (stft.abs() ** 2), min=1e-10).log10()
+
+
+def normalise_log_mel(log_spec: torch.Tensor, peak: torch.Tensor) -> torch.Tensor:
+    """Clip ``log_spec`` to 80 dB below ``peak`` (the whole padded input's maximum) and rescale."""
     # Keep only the top 80 dB of dynamic range: quieter detail is noise the model never learned from.
-    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    log_spec = torch.maximum(log_spec, peak - 8.0)
     # Shift and scale to roughly [-1, 1], the range the encoder was trained on.
     return (log_spec + 4.0) / 4.0

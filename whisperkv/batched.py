@@ -16,6 +16,7 @@ as the sequential mode would. Timestamps are per chunk (start and end of the chu
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,20 +29,20 @@ from whisperkv.audio import (
     N_FRAMES,
     N_SAMPLES,
     SAMPLE_RATE,
-    load_audio,
     log_mel_spectrogram,
 )
+from whisperkv.audio_source import AudioSource, open_source
 from whisperkv.cache.store import CacheStore
 from whisperkv.decoding.decode import decode_windows
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions
-from whisperkv.errors import AudioError
 from whisperkv.transcribe import DEFAULT_TEMPERATURES, decode_with_fallback
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
 
 FRAME = SAMPLE_RATE // 50  # 20 ms
+VAD_READ = 3000 * FRAME  # samples a source is read in for the detector: 60 s, a whole number of frames
 
 
 @dataclass(frozen=True)
@@ -50,25 +51,42 @@ class Chunk:
     end: int  # one past the last sample
 
 
-def speech_frames(audio: np.ndarray, floor_db: float = -45.0) -> np.ndarray:
+def frame_rms(audio: np.ndarray | AudioSource) -> np.ndarray:
+    """RMS of every whole 20 ms frame. A source is read a minute at a time, so only the RMS values
+    (1/320 of the samples) are held, whatever the recording's length."""
+    if isinstance(audio, np.ndarray):
+        n = len(audio) // FRAME
+        frames = audio[: n * FRAME].reshape(n, FRAME)
+        return np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1) + 1e-12)
+    parts, start = [], 0
+    while True:  # to the end, which a file source learns by reaching it (no length needed beforehand)
+        block = audio.samples(start, start + VAD_READ).numpy()
+        parts.append(frame_rms(block))
+        if len(block) < VAD_READ:
+            return np.concatenate(parts)
+        start += VAD_READ
+
+
+def speech_frames(audio: np.ndarray | AudioSource, floor_db: float = -45.0) -> np.ndarray:
     """Boolean per 20 ms frame: louder than an absolute floor and than the noise level.
 
     The noise level is 3× the quietest tenth of the frames, but never above a quarter of the loud
     frames' level, so a recording with almost no pauses still has its few pauses found.
     """
-    n = len(audio) // FRAME
-    if n == 0:
+    rms = frame_rms(audio)
+    if len(rms) == 0:
         return np.zeros(0, dtype=bool)
-    frames = audio[: n * FRAME].reshape(n, FRAME)
-    rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1) + 1e-12)
     quiet, loud = np.percentile(rms, [10, 95])
     threshold = max(10 ** (floor_db / 20), min(3.0 * quiet, 0.25 * loud))
     return rms > threshold
 
 
-def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: float = 0.2) -> list[Chunk]:
+def split_at_silences(
+    audio: np.ndarray | AudioSource, max_seconds: float = 30.0, min_pause: float = 0.2
+) -> list[Chunk]:
     """≤ max_seconds chunks covering all speech, each cut in the latest pause of at least ``min_pause``."""
     speech = speech_frames(audio)
+    n_samples = len(audio) if isinstance(audio, np.ndarray) else audio.n_samples
     max_frames = int(max_seconds * 50)
     chunks: list[Chunk] = []
     i, n = 0, len(speech)
@@ -99,25 +117,28 @@ def split_at_silences(audio: np.ndarray, max_seconds: float = 30.0, min_pause: f
         last_speech = end
         while last_speech > i and not speech[last_speech - 1]:
             last_speech -= 1
-        chunks.append(Chunk(i * FRAME, min(len(audio), (last_speech + 2) * FRAME)))
+        chunks.append(Chunk(i * FRAME, min(n_samples, (last_speech + 2) * FRAME)))
         i = end
     return chunks
 
 
-def chunk_mel(audio: np.ndarray, chunk: Chunk, n_mels: int) -> torch.Tensor:
+def chunk_mel(audio: np.ndarray | AudioSource, chunk: Chunk, n_mels: int) -> torch.Tensor:
     """The chunk's 30 s log-Mel window [n_mels, 3000], padded with silence as ``transcribe`` pads.
 
     Only as much silence as the window's last frame reaches is transformed (30 s of padding per chunk
     would double the STFT work); the frames, and the maximum the dynamic range is cut from, are the same.
     """
-    samples = audio[chunk.start : chunk.end]
+    if isinstance(audio, np.ndarray):
+        samples = audio[chunk.start : chunk.end]
+    else:
+        samples = audio.samples(chunk.start, chunk.end)
     padding = max(0, N_SAMPLES + N_FFT - len(samples))
     return log_mel_spectrogram(samples, n_mels, padding=padding)[:, :N_FRAMES]
 
 
 def transcribe_batched(
     model: Whisper,
-    audio: str | np.ndarray,
+    audio: str | os.PathLike | np.ndarray | torch.Tensor | AudioSource,
     *,
     batch_size: int = 8,
     beam_size: int | None = None,
@@ -133,12 +154,10 @@ def transcribe_batched(
     (the encoder and each window's own Cross-KV reads dominate, not the weight reads a batch shares) and
     about 180 MB lighter.
     """
-    if not isinstance(audio, np.ndarray):
-        audio = load_audio(audio)
-    if audio.size == 0:
-        raise AudioError("<array>", "no audio samples")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    # read through a source: a file is read a window at a time (twice: the detector, then the chunks)
+    audio = open_source(audio, model.dims.n_mels)
     chunks = split_at_silences(audio)
     if language is None and model.is_multilingual and chunks:
         first = chunk_mel(audio, chunks[0], model.dims.n_mels)
