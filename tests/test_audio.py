@@ -261,8 +261,8 @@ def test_wav_truncated_to_half(tmp_path: Path) -> None:
 
 
 def test_mp3_truncated_inside_its_header(tmp_path: Path) -> None:
-    # An MP3 cut anywhere after its first frames decodes without any error signal from FFmpeg (no length
-    # field is reliable), so load_audio cannot tell it is short. A cut inside the leading tag is caught.
+    # A cut inside the leading tag is caught by FFmpeg. (A cut after the first frames raises nothing; only a
+    # Xing/Info/VBRI frame count can show it, see the tests at the end.)
     data = (SPEECH_DIR / _clip(".mp3")["file"]).read_bytes()
     path = tmp_path / "cut.mp3"
     path.write_bytes(data[:100])
@@ -363,3 +363,86 @@ def test_silence_gives_finite_spectrogram() -> None:
     assert torch.isfinite(spec).all()
     # Every bin sits at the 1e-10 floor: log10 = -10, then (-10 + 4) / 4.
     assert torch.all(spec == -1.5)
+
+
+# --- 8. non-finite float samples, MP3 length headers -----------------------------------------------------
+
+
+def _write_float_wav(path: Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> Path:
+    """A 32-bit float WAV of samples shaped [n, channels] (interleaved), written by PyAV."""
+    layout = {1: "mono", 2: "stereo"}[samples.shape[1]]
+    with av.open(str(path), "w", format="wav") as container:
+        stream = container.add_stream("pcm_f32le", rate=rate, layout=layout)
+        frame = av.AudioFrame.from_ndarray(
+            samples.astype(np.float32).reshape(1, -1), format="flt", layout=layout
+        )
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return path
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_float_wav_with_non_finite_sample_is_refused(tmp_path: Path, bad: float) -> None:
+    """FFmpeg's conversion to int16 would turn these into full-scale samples without a word."""
+    samples = np.stack([np.full(20000, 0.1), np.full(20000, -0.1)], axis=1)
+    samples[12345, 1] = bad  # right channel only
+    path = _write_float_wav(tmp_path / "bad.wav", samples)
+    _assert_audio_error(path, "non-finite sample (NaN or infinity) at 0.772 s (sample 12345 of the 16000 Hz")
+
+
+def test_float_wav_with_finite_samples_loads(tmp_path: Path) -> None:
+    tone = _stereo_tone(SAMPLE_RATE, 1.0)[:, :1] / 32768.0
+    waveform = load_audio(_write_float_wav(tmp_path / "tone.wav", tone))
+    np.testing.assert_allclose(waveform, tone[:, 0], atol=1 / 32768)
+
+
+def test_cli_reports_a_non_finite_file_in_one_line(tmp_path: Path, capsys) -> None:
+    from whisperkv.cli import main
+
+    samples = np.zeros((8000, 1))
+    samples[4000, 0] = np.nan
+    bad = _write_float_wav(tmp_path / "nan.wav", samples)
+    assert main(["transcribe", str(bad), "-o", str(tmp_path / "out"), "-f", "txt"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and "non-finite sample" in err[0], err
+    assert not (tmp_path / "out" / "nan.txt").exists()
+
+
+def _lame_mp3(path: Path, rate: int, layout: str) -> Path:
+    """The shared 4 s speech clip re-encoded by libmp3lame, which writes an Info (Xing) frame."""
+    speech = np.round(load_audio(SPEECH_DIR / _clip(".mp3")["file"]) * 32767).astype(np.int16)
+    channels = np.repeat(speech[:, None], 2 if layout == "stereo" else 1, axis=1)
+    with av.open(str(path), "w", format="mp3") as container:
+        stream = container.add_stream("libmp3lame", rate=rate, layout=layout)
+        frame = av.AudioFrame.from_ndarray(channels.reshape(1, -1), format="s16", layout=layout)
+        frame.sample_rate, frame.pts, frame.time_base = SAMPLE_RATE, 0, Fraction(1, SAMPLE_RATE)
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return path
+
+
+@pytest.mark.parametrize(("rate", "layout"), [(44100, "stereo"), (16000, "mono")])  # MPEG-1 and MPEG-2
+def test_mp3_truncated_at_half_is_refused_by_its_xing_frame_count(
+    tmp_path: Path, rate: int, layout: str
+) -> None:
+    whole = _lame_mp3(tmp_path / "whole.mp3", rate, layout)
+    assert b"Info" in whole.read_bytes()[:2000]  # the frame count this check reads
+    assert abs(len(load_audio(whole)) / SAMPLE_RATE - 4.1) < 0.1  # complete: no false alarm
+    data = whole.read_bytes()
+    cut = tmp_path / "half.mp3"
+    cut.write_bytes(data[: len(data) // 2])
+    _assert_audio_error(cut, "truncated or corrupt audio (expected 4.")
+    with pytest.raises(AudioError, match=r"from its Xing/VBRI header, decoded [12]\.\d+ s\)"):
+        load_audio(cut)
+
+
+def test_mp3_without_a_length_frame_cut_in_half_is_not_detectable(tmp_path: Path) -> None:
+    """The known gap, pinned so the README stays true: a CBR MP3 with no Xing/Info/VBRI frame has no
+    length to compare with, so its first half decodes as if it were the whole file."""
+    source = SPEECH_DIR / _clip(".mp3")["file"]
+    data = source.read_bytes()
+    assert b"Xing" not in data and b"Info" not in data and b"VBRI" not in data
+    cut = tmp_path / "half.mp3"
+    cut.write_bytes(data[: len(data) // 2])
+    assert len(load_audio(cut)) < 0.6 * len(load_audio(source))

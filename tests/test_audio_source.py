@@ -160,3 +160,17 @@ def test_sequential_transcript_from_a_file_equals_from_its_waveform(tiny_model) 
     from_file = tiny_model.transcribe(path)
     from_array = tiny_model.transcribe(load_audio(path))
     assert from_file["segments"] == from_array["segments"]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_arrays_are_refused_before_any_work(tiny_model, bad: float) -> None:
+    """NaN/inf would reach the sampler as NaN probabilities; the error names where the first one is."""
+    audio = np.zeros(3 * SAMPLE_RATE, dtype=np.float32)
+    audio[24000] = bad
+    expected = rf"<array>: non-finite sample \({bad}\) at sample 24000 \(1\.500 s\)"
+    with pytest.raises(AudioError, match=expected):
+        tiny_model.transcribe(audio)
+    with pytest.raises(AudioError, match=expected):
+        tiny_model.transcribe(torch.from_numpy(audio))
+    with pytest.raises(AudioError, match=expected):
+        transcribe_batched(tiny_model, audio)
