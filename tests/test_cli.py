@@ -17,6 +17,8 @@ import whisperkv
 from whisperkv import cli
 from whisperkv.cli_options import temperature_schedule
 
+SHORT_CLIP = "en/common_voice_en_22058267.mp3"  # 1.85 s: "six"
+
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -84,69 +86,37 @@ def test_batch_with_bad_files_keeps_going_and_writes_only_good_outputs(tmp_path,
     assert jfk["cache"]["cross_kv_bytes"] == 2 * 4 * 1500 * 384 * 4
 
 
-def test_output_format_all_writes_every_writer(tmp_path, speech_dir):
-    proc = run_cli(
-        "transcribe",
-        str(speech_dir / "en" / "lj_LJ001-0008.flac"),
-        "--output_dir",
-        str(tmp_path),
-        "--beam_size",
-        "None",
-        "--best_of",
-        "None",
+def test_output_format_all_writes_every_writer(run, tmp_path, speech_dir):
+    clip = speech_dir / "en" / "lj_LJ001-0008.flac"
+    code, out, err = run(
+        "transcribe", clip, "--output_dir", tmp_path, "--beam_size", "None", "--best_of", "None"
     )
-    assert proc.returncode == 0, proc.stderr
+    assert code == 0, err
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".srt", ".tsv", ".txt", ".vtt"]
     assert "surpassed" in (tmp_path / "lj_LJ001-0008.txt").read_text()
-    assert "-->" in proc.stdout  # verbose prints timed segments
+    assert "-->" in out  # verbose prints timed segments
 
 
-def test_bad_model_is_one_line_and_exit_2(tmp_path, speech_dir):
-    proc = run_cli("transcribe", str(speech_dir / "en" / "jfk.flac"), "--model", str(tmp_path / "nope"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("whisperkv: error: unknown model")
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_bad_model_is_one_line_and_exit_2(capsys, tmp_path, speech_dir):
+    code = cli.main(["transcribe", str(speech_dir / SHORT_CLIP), "--model", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().startswith("whisperkv: error: unknown model")
+    assert len(err.strip().splitlines()) == 1
 
 
-def test_bad_batch_size_is_a_usage_error(tmp_path, speech_dir):
-    proc = run_cli(
-        "transcribe",
-        str(speech_dir / "en" / "jfk.flac"),
-        "--batched",
-        "True",
-        "--batch_size",
-        "0",
-        "--output_dir",
-        str(tmp_path),
-    )
-    assert proc.returncode == 2
-    assert "--batch_size: must be at least 1" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not any(tmp_path.iterdir())
-
-
-def test_inspect_json_figures():
-    proc = run_cli(
-        "inspect",
-        "--model",
-        "tiny.en",
-        "--batch",
-        "1",
-        "--text-positions",
-        "100",
-        "--dtype",
-        "float16",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_inspect_json_figures(run):
+    argv = ["inspect", "--model", "tiny.en", "--batch", "1", "--text-positions", "100", "--dtype", "float16"]
+    code, out, err = run(*argv, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["self_kv_bytes"] == 614400 and report["cross_kv_bytes"] == 9216000
 
 
-def test_verify_json_is_identical(speech_dir):
-    proc = run_cli("verify", str(speech_dir / "en" / "lj_LJ001-0002.flac"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_verify_json_is_identical(run, speech_dir):
+    code, out, err = run("verify", speech_dir / SHORT_CLIP, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["identical"] is True
     for name in ("cached", "fallback_reuse", "alignment_reuse"):
         assert report["paths"][name]["identical"] is True
@@ -166,8 +136,6 @@ def test_api_accepts_path_and_array(tiny_model, speech_dir):
 
 # ---------------------------------------------------------------------------------------------------
 # in-process runs of ``whisperkv.cli.main`` on the session's model (no subprocess, no second load)
-
-SHORT_CLIP = "en/common_voice_en_22058267.mp3"  # 1.85 s: "six"
 
 
 @pytest.fixture
