@@ -10,12 +10,14 @@ pip install -q --upgrade pip
 # CPU build of torch first (a bare "torch" requirement would pull a multi-GB CUDA build).
 pip install -q torch==2.13.0
 pip install -q -e ".[all,bench,test]"
-# Test-only reference oracle: openai-whisper without its triton requirement, plus what it imports.
-pip install -q --no-deps openai-whisper==20250625
+# Test-only reference oracle: openai-whisper without its triton requirement (a CUDA kernel compiler).
+# Its other requirements go in first; openai-whisper itself is installed last with --no-deps, so no later
+# install re-checks it and pip prints no "dependency resolver ... triton" ERROR.
 pip install -q tiktoken numba more-itertools
+pip install -q --no-deps openai-whisper==20250625
 CLIP=${1:-../shared/data/speech/en/jfk.flac}
 if [ -f "$CLIP" ]; then
-  whisperkv transcribe "$CLIP" --output_dir out --output_format txt --verbose False
+  whisperkv transcribe "$CLIP" --output_dir out --output_format txt
 else
   echo "setup done (no clip at $CLIP to transcribe)"
 fi

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import wave
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import whisperkv
+from whisperkv import cli
+from whisperkv.cli_options import temperature_schedule
+
+SHORT_CLIP = "en/common_voice_en_22058267.mp3"  # 1.85 s: "six"
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -59,6 +66,7 @@ def test_batch_with_bad_files_keeps_going_and_writes_only_good_outputs(tmp_path,
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("whisperkv: error:")]
     assert "Traceback" not in proc.stderr
+    assert f"whisperkv: warning: {bad_inputs / 'silence.wav'}: no speech found" in proc.stderr
     expected = {
         "missing.wav": "file not found",
         "notaudio.wav": "not an audio file",
@@ -71,75 +79,44 @@ def test_batch_with_bad_files_keeps_going_and_writes_only_good_outputs(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == ["jfk.json", "silence.json"]  # no partial outputs
     silence = json.loads((out / "silence.json").read_text())
     assert silence["text"] == "" and silence["segments"] == []
+    assert silence["warnings"] == ["no speech found: the transcript is empty"]
     jfk = json.loads((out / "jfk.json").read_text())
-    assert "ask not what your country can do for you" in jfk["text"]
-    assert "ask not what your country can do for you" in proc.stdout
+    assert "ask not what your country can do for you" in jfk["text"] and "warnings" not in jfk
+    assert proc.stdout == ""  # --verbose False: nothing but warnings and errors, like the reference
     assert jfk["cache"]["cross_kv_bytes"] == 2 * 4 * 1500 * 384 * 4
 
 
-def test_output_format_all_writes_every_writer(tmp_path, speech_dir):
-    proc = run_cli(
-        "transcribe",
-        str(speech_dir / "en" / "lj_LJ001-0008.flac"),
-        "--output_dir",
-        str(tmp_path),
-        "--beam_size",
-        "None",
-        "--best_of",
-        "None",
+def test_output_format_all_writes_every_writer(run, tmp_path, speech_dir):
+    clip = speech_dir / "en" / "lj_LJ001-0008.flac"
+    code, out, err = run(
+        "transcribe", clip, "--output_dir", tmp_path, "--beam_size", "None", "--best_of", "None"
     )
-    assert proc.returncode == 0, proc.stderr
+    assert code == 0, err
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".srt", ".tsv", ".txt", ".vtt"]
     assert "surpassed" in (tmp_path / "lj_LJ001-0008.txt").read_text()
-    assert "-->" in proc.stdout  # verbose prints timed segments
+    assert "-->" in out  # verbose prints timed segments
 
 
-def test_bad_model_is_one_line_and_exit_2(tmp_path, speech_dir):
-    proc = run_cli("transcribe", str(speech_dir / "en" / "jfk.flac"), "--model", str(tmp_path / "nope"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("whisperkv: error: unknown model")
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_bad_model_is_one_line_and_exit_2(capsys, tmp_path, speech_dir):
+    code = cli.main(["transcribe", str(speech_dir / SHORT_CLIP), "--model", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().startswith("whisperkv: error: unknown model")
+    assert len(err.strip().splitlines()) == 1
 
 
-def test_bad_batch_size_is_a_usage_error(tmp_path, speech_dir):
-    proc = run_cli(
-        "transcribe",
-        str(speech_dir / "en" / "jfk.flac"),
-        "--batched",
-        "True",
-        "--batch_size",
-        "0",
-        "--output_dir",
-        str(tmp_path),
-    )
-    assert proc.returncode == 2
-    assert "--batch_size: must be at least 1" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not any(tmp_path.iterdir())
-
-
-def test_inspect_json_figures():
-    proc = run_cli(
-        "inspect",
-        "--model",
-        "tiny.en",
-        "--batch",
-        "1",
-        "--text-positions",
-        "100",
-        "--dtype",
-        "float16",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_inspect_json_figures(run):
+    argv = ["inspect", "--model", "tiny.en", "--batch", "1", "--text-positions", "100", "--dtype", "float16"]
+    code, out, err = run(*argv, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["self_kv_bytes"] == 614400 and report["cross_kv_bytes"] == 9216000
 
 
-def test_verify_json_is_identical(speech_dir):
-    proc = run_cli("verify", str(speech_dir / "en" / "lj_LJ001-0002.flac"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_verify_json_is_identical(run, speech_dir):
+    code, out, err = run("verify", speech_dir / SHORT_CLIP, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["identical"] is True
     for name in ("cached", "fallback_reuse", "alignment_reuse"):
         assert report["paths"][name]["identical"] is True
@@ -155,3 +132,137 @@ def test_api_accepts_path_and_array(tiny_model, speech_dir):
     assert by_path["language"] == "en" and by_path["segments"][0]["start"] == 0.0
     with pytest.raises(whisperkv.AudioError, match="no audio samples"):
         tiny_model.transcribe(np.zeros(0, dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------
+# in-process runs of ``whisperkv.cli.main`` on the session's model (no subprocess, no second load)
+
+
+@pytest.fixture
+def run(monkeypatch, capsys, tiny_model):
+    """``run(*argv) -> (exit code, stdout, stderr)`` with the model loaded once for the session."""
+    monkeypatch.setattr(cli, "_load", lambda args: tiny_model)
+
+    def invoke(*argv) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as exit_:
+            code = exit_.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def test_help_gives_every_option_a_text_and_its_default(capsys):
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest}"
+    with pytest.raises(SystemExit):
+        cli.main(["transcribe", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in (
+        "--beam_size BEAM_SIZE",
+        "(default: 5)",
+        "(default: 2.4)",
+        "(default: -1)",
+        "(default: all)",
+    ):
+        assert shown in text, shown
+    assert "Codes: en zh de" in text  # --language lists the codes in the help, not in an error
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"whisperkv {whisperkv.__version__}"
+
+
+def test_warning_is_one_line_and_verbose_false_prints_nothing(run, speech_dir, tmp_path):
+    clip = speech_dir / SHORT_CLIP
+    code, out, err = run(clip, "--model_dir", "x", "--verbose", "False", "-o", tmp_path, "-f", "json")
+    assert code == 0 and out == ""
+    assert err == "whisperkv: warning: --model_dir is ignored: whisperkv loads local weights only\n"
+    segments = json.loads((tmp_path / "common_voice_en_22058267.json").read_text())["segments"]
+    code, out, err = run(clip, "-o", tmp_path, "-f", "json")  # --verbose True: one line per segment
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) == len(segments) >= 1
+    assert lines[0].startswith("[00:00.000 --> ") and lines[0].endswith(segments[0]["text"])
+
+
+def test_silence_and_a_short_clip_are_empty_and_say_so(run, tmp_path):
+    silence = tmp_path / "silence.wav"
+    _wav(silence, np.zeros(16000 * 3, dtype=np.float32))
+    short = tmp_path / "short.wav"
+    _wav(short, 0.3 * np.sin(np.arange(800) / 5))  # 0.05 s
+    out = tmp_path / "out"
+    code, stdout, err = run(silence, short, "-o", out, "-f", "all", "--verbose", "False")
+    assert code == 0 and stdout == ""
+    assert err.splitlines() == [
+        f"whisperkv: warning: {silence}: no speech found: the transcript is empty",
+        f"whisperkv: warning: {short}: no speech found: the transcript is empty",
+    ]
+    for name in ("silence", "short"):
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["text"] == "" and result["warnings"] == ["no speech found: the transcript is empty"]
+        assert (out / f"{name}.txt").read_text() == ""
+
+
+def test_temperature_above_one_is_tried_alone(run, speech_dir, tmp_path):
+    assert temperature_schedule(1.5, 0.2) == (1.5,)  # was (): an empty schedule, then an AssertionError
+    assert temperature_schedule(0.0, 0.2) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert temperature_schedule(0.5, None) == (0.5,)
+    code, _, err = run(speech_dir / SHORT_CLIP, "--temperature", "1.5", "-o", tmp_path, "-f", "json")
+    assert code == 0, err
+    result = json.loads((tmp_path / "common_voice_en_22058267.json").read_text())
+    assert {s["temperature"] for s in result["segments"]} <= {1.5}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only torch")
+def test_device_cuda_on_cpu_only_torch_is_a_usage_error(run, speech_dir, tmp_path):
+    code, _, err = run(speech_dir / SHORT_CLIP, "--device", "cuda", "-o", tmp_path / "o")
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("whisperkv: error: argument --device: CUDA is not available")
+
+
+def test_inspect_defaults_to_the_dtype_a_cpu_run_uses(run):
+    code, out, _ = run("inspect", "--text-positions", "10", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["dtype"] == "float32"
+    assert report["cross_kv_bytes"] == 2 * 4 * 1500 * 384 * 4  # 4 bytes an element, as the CPU runs
+
+
+def test_verify_detects_the_language_on_a_multilingual_model(monkeypatch, capsys, base_model, speech_dir):
+    monkeypatch.setattr(cli, "_load", lambda args: base_model)
+    code = cli.main(["verify", str(speech_dir / "xx" / "pv_test_de.wav"), "--model", "base", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["identical"] is True
+    assert report["paths"]["language_reuse"]["identical"] is True
+    assert report["paths"]["cached"]["tokens"] > 0
+
+
+def test_setup_installs_the_oracle_last_and_declares_an_spdx_license():
+    """A clean setup prints no ERROR: openai-whisper (without triton) goes in last, with --no-deps.
+
+    pip re-checks an installed package's requirements whenever a later install touches one of them,
+    and then prints "ERROR: pip's dependency resolver ... triton"; setuptools warns about a license
+    table. (Checked by running both orders in fresh virtual environments; see the report.)
+    """
+    root = Path(__file__).resolve().parents[1]
+    installs = [
+        line.split()
+        for line in (root / "scripts" / "setup.sh").read_text().splitlines()
+        if line.strip().startswith("pip install")
+    ]
+    assert installs[1][-1] == "torch==2.13.0"
+    oracle = [i for i, words in enumerate(installs) if any(w.startswith("openai-whisper") for w in words)]
+    assert oracle == [len(installs) - 1] and "--no-deps" in installs[-1]
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "MIT"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 
 import numpy as np
@@ -162,6 +164,12 @@ def test_bad_model_bin_errors(tmp_path):
 def test_convert_round_trips_every_format(tmp_path, tiny_model, speech_dir):
     pt = convert("tiny.en", tmp_path / "tiny.pt", "pt")
     hf = convert("tiny.en", tmp_path / "tiny-hf", "safetensors")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    # written like any other new file: the umask decides, not mkstemp's 0600 / mkdtemp's 0700
+    assert stat.S_IMODE(pt.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(hf.stat().st_mode) == 0o777 & ~umask
+    assert {stat.S_IMODE(f.stat().st_mode) for f in hf.iterdir()} == {0o666 & ~umask}
     assert json.loads((hf / "config.json").read_text())["d_model"] == 384
     assert (hf / "tokenizer.json").is_file()
     reference = tiny_model.state_dict()

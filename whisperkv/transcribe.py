@@ -37,6 +37,7 @@ from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.options_check import checked_options
 from whisperkv.tokenizer import LANGUAGES
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ def decode_with_fallback(
     return result
 
 
+@checked_options
 def transcribe(
     model: Whisper,
     audio: str | os.PathLike | np.ndarray | torch.Tensor | AudioSource,

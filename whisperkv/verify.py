@@ -71,9 +71,8 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
     if model.is_multilingual and language is None:
         first = store.encode(model, pad_or_trim(mel, N_FRAMES), 0, N_SAMPLES, "language detection")
         language, probs = detect_language_from_features(model, first.audio_features)
-        fresh_language, fresh_probs = detect_language_from_features(
-            model, model.embed_audio(pad_or_trim(mel, N_FRAMES))
-        )
+        mel_window = pad_or_trim(mel, N_FRAMES).unsqueeze(0)  # the encoder takes a batch: [1, n_mels, 3000]
+        fresh_language, fresh_probs = detect_language_from_features(model, model.embed_audio(mel_window))
         diff = max(abs(probs[k] - fresh_probs[k]) for k in probs)
         merge(
             "language_reuse",

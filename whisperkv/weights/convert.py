@@ -7,7 +7,7 @@ The written files load back into whisperkv, and the .pt file also loads into ope
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import torch
@@ -17,10 +17,33 @@ from whisperkv.weights.openai_pt import save_openai_pt
 from whisperkv.weights.registry import default_tokenizer_path, load_checkpoint
 
 
+def _new_file(directory: Path, suffix: str) -> Path:
+    """A new empty file in ``directory``, mode 0o666 less the umask (``mkstemp`` would force 0o600)."""
+    while True:
+        path = directory / f".convert-{secrets.token_hex(6)}{suffix}"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return path
+        except FileExistsError:  # pragma: no cover - a 48-bit name collision
+            continue
+
+
+def _new_dir(parent: Path) -> Path:
+    """A new empty directory in ``parent``, mode 0o777 less the umask (``mkdtemp`` would force 0o700)."""
+    while True:
+        path = parent / f".convert-{secrets.token_hex(6)}"
+        try:
+            path.mkdir(0o777)
+            return path
+        except FileExistsError:  # pragma: no cover - a 48-bit name collision
+            continue
+
+
 def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = "float32") -> Path:
     """Write ``source`` to ``destination`` in ``fmt`` ("pt" or "safetensors"); returns the output path.
 
-    The output appears only once completely written (temporary file or directory, then rename).
+    The output appears only once completely written (temporary file or directory, then rename), with
+    the permissions the umask gives any other new file.
     """
     ckpt = load_checkpoint(source)
     if ckpt.tokenizer_path is None:
@@ -29,8 +52,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = 
     destination = Path(destination)
     if fmt == "pt":
         destination.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=destination.parent, suffix=".pt.partial")
-        os.close(fd)
+        tmp = _new_file(destination.parent, ".pt.partial")
         try:
             save_openai_pt(ckpt, tmp, torch_dtype)
             os.replace(tmp, destination)
@@ -41,7 +63,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = 
         if destination.exists() and any(destination.iterdir()):
             raise ValueError(f"{destination}: destination directory exists and is not empty")
         destination.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".convert-"))
+        tmp_dir = _new_dir(destination.parent)
         try:
             save_huggingface(ckpt, tmp_dir, torch_dtype)
             if destination.exists():
