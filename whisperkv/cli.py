@@ -14,9 +14,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from whisperkv.batch import command as batch_command
 from whisperkv.errors import WhisperKVError
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch")
 
 
 def _str2bool(value: str) -> bool:
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parser(sub)
     _convert_parser(sub)
     sub.add_parser("models", help="list models available offline")
+    batch_command.add_parser(sub)
     return parser
 
 
@@ -301,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": cmd_inspect,
         "convert": cmd_convert,
         "models": cmd_models,
+        "batch": batch_command.run,
     }[args.command]
     try:
         return handler(args)
