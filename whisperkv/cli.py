@@ -16,6 +16,7 @@ import traceback
 import warnings
 from collections.abc import Sequence
 
+from whisperkv.batch import command as batch_command
 from whisperkv.cli_options import (
     CliParser,
     add_debug_arg,
@@ -33,7 +34,7 @@ from whisperkv.cli_options import (
 from whisperkv.errors import WhisperKVError
 from whisperkv.options_check import OptionError, check_transcribe_options
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch")
 
 
 def _error(message: str) -> None:
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parser(sub)
     _convert_parser(sub)
     add_debug_arg(add_parser(sub, "models", "list models available offline"))
+    batch_command.add_parser(sub)
     return parser
 
 
@@ -248,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": cmd_inspect,
         "convert": cmd_convert,
         "models": cmd_models,
+        "batch": batch_command.run,
     }[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line, without the source path; restored on exit
