@@ -32,9 +32,10 @@ from whisperkv.cli_options import (
     transcribe_parser,
 )
 from whisperkv.errors import WhisperKVError
+from whisperkv.explain import command as explain_command
 from whisperkv.options_check import OptionError, check_transcribe_options
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch", "explain")
 
 
 def _error(message: str) -> None:
@@ -236,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     _convert_parser(sub)
     add_debug_arg(add_parser(sub, "models", "list models available offline"))
     batch_command.add_parser(sub)
+    explain_command.add_parser(sub)
     return parser
 
 
@@ -251,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "convert": cmd_convert,
         "models": cmd_models,
         "batch": batch_command.run,
+        "explain": explain_command.run,
     }[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line, without the source path; restored on exit

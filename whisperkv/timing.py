@@ -148,7 +148,7 @@ def _window_cross_kv(
     return model.decoder.project_cross_kv(features, model.encoder_provenance(mel))
 
 
-def find_alignment(
+def alignment_matrix(
     model: Whisper,
     tokenizer: Tokenizer,
     text_tokens: list[int],
@@ -157,10 +157,12 @@ def find_alignment(
     cross_kv: list[CrossKV],
     medfilt_width: int = 7,
     qk_scale: float = 1.0,
-) -> list[WordTiming]:
-    """Word timings (seconds from the window start) for ``text_tokens`` decoded from one window."""
-    if len(text_tokens) == 0:
-        return []
+) -> tuple[torch.Tensor, list[float]]:
+    """The alignment heads' normalised cross-attention [1 + tokens, num_frames // 2] and token probabilities.
+
+    Rows are <|notimestamps|> then each text token; columns the encoder positions over real audio. DTW
+    through this matrix gives word timings; ``whisperkv explain`` draws it.
+    """
     sot_len = len(tokenizer.sot_sequence)
     sequence = [*tokenizer.sot_sequence, tokenizer.no_timestamps, *text_tokens, tokenizer.eot]
     tokens = torch.tensor([sequence], dtype=torch.long, device=model.device)
@@ -184,7 +186,31 @@ def find_alignment(
         weights = (weights - mean) / std
         weights = median_filter(weights, medfilt_width)
         matrix = weights.mean(dim=0)[sot_len:-1]  # rows: no_timestamps, then each text token
+    return matrix, token_probs
 
+
+def find_alignment(
+    model: Whisper,
+    tokenizer: Tokenizer,
+    text_tokens: list[int],
+    num_frames: int,
+    *,
+    cross_kv: list[CrossKV],
+    medfilt_width: int = 7,
+    qk_scale: float = 1.0,
+) -> list[WordTiming]:
+    """Word timings (seconds from the window start) for ``text_tokens`` decoded from one window."""
+    if len(text_tokens) == 0:
+        return []
+    matrix, token_probs = alignment_matrix(
+        model,
+        tokenizer,
+        text_tokens,
+        num_frames,
+        cross_kv=cross_kv,
+        medfilt_width=medfilt_width,
+        qk_scale=qk_scale,
+    )
     text_indices, time_indices = dtw(-matrix.double().cpu().numpy())
 
     words, word_tokens = tokenizer.split_to_word_tokens(list(text_tokens) + [tokenizer.eot])
