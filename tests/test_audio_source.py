@@ -83,6 +83,16 @@ def test_every_window_and_random_windows_of_a_long_file_are_bit_identical(long_f
     assert 2 <= source.rewinds <= 3  # back to the first random window, to the start, back again
 
 
+def test_transcribe_reads_a_long_file_through_the_file_source(tiny_model, long_file) -> None:
+    """The loop itself, on one clipped window deep into the file: the same segments as from the waveform
+    (the window's frames are clipped against the whole file's maximum, so this needs the first pass)."""
+    path, waveform, _ = long_file
+    from_file = tiny_model.transcribe(path, clip_timestamps="200,212")
+    from_array = tiny_model.transcribe(waveform, clip_timestamps="200,212")
+    assert from_file["segments"] == from_array["segments"]
+    assert len(from_file["text"].split()) > 10
+
+
 @pytest.mark.parametrize("n_samples", [80, 12345, N_SAMPLES, N_SAMPLES + 160])
 def test_short_and_block_boundary_lengths(tmp_path: Path, n_samples: int) -> None:
     """Shorter than the STFT's reflection (80), a length off the hop (12345), frames ending exactly at a
