@@ -43,8 +43,8 @@ def test_inspect_builds_caches_with_the_documented_sizes():
     assert r["self_kv"][0]["shape"] == [1, 100, 384] and len(r["self_kv"]) == 4
     assert r["cross_kv"][3]["shape"] == [1, 1500, 384]
     assert r["formula"] == {"self_kv_bytes": 614400, "cross_kv_bytes": 9216000}
-    big = inspect_caches("large-v3", batch=2, text_positions=448, dtype="float32")
-    assert big["self_kv_bytes"] == 2 * 2 * 32 * 448 * 1280 * 4
+    big = inspect_caches("large-v3", batch=1, text_positions=448, dtype="float16")  # 0.3 GB, not 1.3
+    assert big["self_kv_bytes"] == 2 * 1 * 32 * 448 * 1280 * 2
 
 
 def test_self_kv_grows_one_position_per_token_and_cross_kv_never_changes(tiny_model, jfk):
