@@ -51,8 +51,8 @@ def bad_files(tmp_path_factory, speech_dir) -> dict[str, tuple[Path, str]]:
         "missing": (d / "missing.wav", "file not found"),
         "empty": (d / "empty.wav", "empty"),
         "not audio": (d / "notaudio.wav", "not an audio file"),
-        "random bytes": (d / "random.mp3", "audio"),
-        "wav header cut": (header_only, ""),
+        "random bytes": (d / "random.mp3", "not an audio file"),
+        "wav header cut": (header_only, "not an audio file"),
         "directory": (d / "adir.wav", "directory"),
         "truncated flac": (d / "truncated.flac", "truncated or corrupt"),
         "zero samples": (d / "zero.wav", "no audio samples"),
@@ -336,3 +336,32 @@ def test_subprocess_bad_option_and_bad_file_print_no_traceback(bad_files, tmp_pa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == len(bad_files)
     assert list((tmp_path / "o").iterdir()) == []
+
+
+def test_api_accepts_every_valid_spelling(tiny_model):
+    """The checks refuse only what is wrong: the reference's defaults and its other spellings pass."""
+    from whisperkv.options_check import check_transcribe_options
+
+    check_transcribe_options(
+        tiny_model,
+        verbose=None,
+        temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        compression_ratio_threshold=2.4,
+        logprob_threshold=-1.0,
+        no_speech_threshold=0.6,
+        condition_on_previous_text=True,
+        initial_prompt=None,
+        word_timestamps=np.bool_(False),
+        clip_timestamps="0,5.5,7",
+        hallucination_silence_threshold=None,
+        task="transcribe",
+        language="German",
+        beam_size=np.int64(5),
+        best_of=5,
+        patience=1.0,
+        length_penalty=0.5,
+        suppress_tokens="-1,50256",
+        fp16=False,
+        prompt=[50257, 11],
+    )
+    check_transcribe_options(None, temperature=1.5, suppress_tokens=[], clip_timestamps=[0.0, 1.0])

@@ -45,8 +45,9 @@ def reference_base(tmp_path_factory, base_model):
 
 
 @pytest.mark.oracle
-def test_language_probabilities_match_reference(base_model, reference_base):
-    for row in _foreign_clips():
+@pytest.mark.parametrize("languages", [("de",), pytest.param(ALL, marks=pytest.mark.slow, id="all")])
+def test_language_probabilities_match_reference(base_model, reference_base, languages):
+    for row in (r for r in _foreign_clips() if r["language"] in languages):
         audio = whisperkv.load_audio(clip_path(row))
         mel = pad_or_trim(log_mel_spectrogram(audio, 80), N_FRAMES)
         _, ours = base_model.detect_language(mel)
@@ -60,7 +61,7 @@ def test_language_probabilities_match_reference(base_model, reference_base):
     "task, languages",
     [
         ("transcribe", ("de",)),
-        ("translate", ("fr",)),
+        ("translate", ("de",)),  # fr took 4-5x longer (measured); it runs in translate-all (-m slow)
         pytest.param("transcribe", ALL, marks=pytest.mark.slow, id="transcribe-all"),
         pytest.param("translate", ALL, marks=pytest.mark.slow, id="translate-all"),
     ],

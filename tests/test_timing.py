@@ -222,7 +222,14 @@ def _compare(model, reference, audio: np.ndarray, label: str, **options) -> None
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("name", ["jfk.flac", "lj_LJ001-0001.flac", "lj_LJ001-0004.flac"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "jfk.flac",
+        pytest.param("lj_LJ001-0001.flac", marks=pytest.mark.slow),
+        pytest.param("lj_LJ001-0004.flac", marks=pytest.mark.slow),
+    ],
+)
 def test_word_timestamps_match_reference(model, reference, name):
     _compare(model, reference, _clip(name), name)
 

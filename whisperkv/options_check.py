@@ -59,6 +59,17 @@ def _at_least(name: str, value: Any, low: float, *, strict: bool = False) -> flo
     return value
 
 
+def _between(name: str, value: Any, low: float, high: float) -> float:
+    value = _number(name, value)
+    if not low <= value <= high:
+        raise OptionError(name, f"must be between {low:g} and {high:g}, got {value:g}")
+    return value
+
+
+def _fail(name: str, reason: str) -> None:
+    raise OptionError(name, reason)
+
+
 def _count(name: str, value: Any, low: int = 1) -> int:
     if _is_bool(value) or not isinstance(value, Integral):
         raise OptionError(name, f"expected a whole number, got {value!r}")
@@ -200,17 +211,6 @@ def check_transcribe_options(
     temperatures = temperature_schedule(given.get("temperature", 0.0))
     if given.get("patience") is not None and given.get("beam_size") is None and 0.0 in temperatures:
         raise OptionError("patience", "needs beam_size (patience applies to beam search)")
-
-
-def _between(name: str, value: Any, low: float, high: float) -> float:
-    value = _number(name, value)
-    if not low <= value <= high:
-        raise OptionError(name, f"must be between {low:g} and {high:g}, got {value:g}")
-    return value
-
-
-def _fail(name: str, reason: str) -> None:
-    raise OptionError(name, reason)
 
 
 def checked_options(transcribe: F) -> F:
