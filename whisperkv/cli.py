@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from whisperkv.errors import WhisperKVError
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "encoder-worker")
 
 
 def _str2bool(value: str) -> bool:
@@ -90,6 +90,50 @@ def _transcribe_parser(sub) -> None:
     )
     p.add_argument("--batch_size", type=positive_int, default=8, help="chunks per batch with --batched")
     p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    _add_remote_encoder_args(p)  # boundary (issue 11)
+
+
+# boundary (issue 11): the encoder worker, and the options that send windows to one
+def _add_remote_encoder_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--encoder_url",
+        default=None,
+        help="encode windows on this worker, sealed (e.g. http://127.0.0.1:8001)",
+    )
+    p.add_argument("--secret_file", default=None, help="file holding the secret shared with the worker")
+    p.add_argument(
+        "--carry", default="features", choices=["features", "cross_kv"], help="what the worker sends back"
+    )
+
+
+def _remote_encoder(args):
+    if not args.encoder_url:
+        return None
+    if not args.secret_file:
+        raise ValueError("--encoder_url needs --secret_file")
+    from whisperkv.boundary.client import RemoteEncoder
+    from whisperkv.boundary.keys import read_secret
+
+    return RemoteEncoder(args.encoder_url, read_secret(args.secret_file), carry=args.carry)
+
+
+def _encoder_worker_parser(sub) -> None:
+    p = sub.add_parser("encoder-worker", help="serve the encoder over HTTP; answers are sealed (issue 11)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    _add_model_args(p)
+    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument("--secret_file", required=True, help="file holding the secret shared with decoders")
+    p.add_argument("--carry", default="features", choices=["features", "cross_kv"])
+
+
+def cmd_encoder_worker(args) -> int:
+    from whisperkv.boundary.keys import read_secret
+    from whisperkv.boundary.worker import run_worker
+
+    secret = read_secret(args.secret_file)
+    run_worker(_load(args), secret, args.carry, args.host, args.port)
+    return 0
 
 
 def _temperatures(start: float, increment: float | None) -> tuple[float, ...] | float:
@@ -135,6 +179,9 @@ def cmd_transcribe(args) -> int:
             return 2
     if args.max_line_count and not args.max_line_width:
         warnings.warn("--max_line_count has no effect without --max_line_width", stacklevel=1)
+    if args.batched and args.encoder_url:  # boundary
+        raise ValueError("--batched does not encode through --encoder_url yet")
+    options = {"encoder": _remote_encoder(args)}  # boundary
     model = _load(args)
     language = args.language
     if language is not None and language.lower() in TO_LANGUAGE_CODE:
@@ -150,7 +197,7 @@ def cmd_transcribe(args) -> int:
         "max_line_count": args.max_line_count,
         "max_words_per_line": args.max_words_per_line,
     }
-    options = {
+    options |= {
         "verbose": args.verbose,
         "task": args.task,
         "language": language,
@@ -201,6 +248,7 @@ def _verify_parser(sub) -> None:
     p.add_argument("--beam_size", type=_optional(int), default=None)
     p.add_argument("--language", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_remote_encoder_args(p)  # boundary: adds the path sealed_remote (worker's Cross-KV vs local)
 
 
 def cmd_verify(args) -> int:
@@ -211,6 +259,10 @@ def cmd_verify(args) -> int:
     for path in args.audio:
         try:
             report = verify_file(model, path, beam_size=args.beam_size, language=args.language)
+            if args.encoder_url:  # boundary
+                from whisperkv.verify import add_remote_path
+
+                add_remote_path(report, model, path, _remote_encoder(args), args.beam_size, args.language)
         except WhisperKVError as err:
             failures += 1
             _error(str(err))
@@ -243,10 +295,20 @@ def _inspect_parser(sub) -> None:
     p.add_argument("--audio-positions", dest="audio_positions", type=int, default=None)
     p.add_argument("--dtype", default="float16", choices=["float16", "float32", "bfloat16"])
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--boundary", action="store_true", help="bytes that cross per window, every size (issue 11)"
+    )
 
 
 def cmd_inspect(args) -> int:
     from whisperkv.inspect import inspect_caches, render_inspect
+
+    if args.boundary:  # boundary (issue 11)
+        from whisperkv.boundary.costs import crossing_table, render_crossing_table
+
+        table = crossing_table()
+        print(json.dumps(table, indent=2) if args.json else render_crossing_table(table))
+        return 0
 
     report = inspect_caches(args.model, args.batch, args.text_positions, args.dtype, args.audio_positions)
     print(json.dumps(report, indent=2) if args.json else render_inspect(report))
@@ -287,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parser(sub)
     _convert_parser(sub)
     sub.add_parser("models", help="list models available offline")
+    _encoder_worker_parser(sub)  # boundary
     return parser
 
 
@@ -301,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": cmd_inspect,
         "convert": cmd_convert,
         "models": cmd_models,
+        "encoder-worker": cmd_encoder_worker,  # boundary
     }[args.command]
     try:
         return handler(args)

@@ -33,7 +33,7 @@ from whisperkv.audio import (
     pad_or_trim,
 )
 from whisperkv.audio_source import AudioSource, open_source
-from whisperkv.cache.store import CacheStore, EncodedWindow
+from whisperkv.cache.store import CacheStore, EncodedWindow, WindowEncoder
 from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
@@ -106,6 +106,7 @@ def transcribe(
     append_punctuations: str = "\"'.。,，!！?？:：”)]}、",
     clip_timestamps: str | list[float] = "0",
     hallucination_silence_threshold: float | None = None,
+    encoder: WindowEncoder | None = None,  # boundary (issue 11): e.g. RemoteEncoder(url, secret, carry)
     **decode_options: Any,
 ) -> dict:
     """Transcribe a file or a 16 kHz float32 waveform. Options and result as in openai-whisper."""
@@ -113,7 +114,7 @@ def transcribe(
     decode_options.pop("fp16", None)  # precision is the model's dtype
     content_frames = source.content_frames
     content_duration = float(content_frames * HOP_LENGTH / SAMPLE_RATE)
-    store = CacheStore(max_entries=2)  # the window being decoded, and the language-detection window
+    store = CacheStore(max_entries=2, encoder=encoder)  # boundary; the window being decoded + language window
 
     language_probs = None
     if decode_options.get("language") is None:
@@ -206,6 +207,7 @@ def transcribe(
                 no_speech_threshold,
                 store,
             )
+            store.record_decode(window, result)  # boundary: decode ms and tokens per window
             last_cache_report = result.cache
             tokens = torch.tensor(result.tokens, dtype=torch.long)
 
@@ -368,4 +370,5 @@ def transcribe(
     if language_probs is not None:
         output["language_probs"] = language_probs
     output["cache"] = {**(last_cache_report or {}), "reuse": store.report()}
+    output["costs"] = store.costs()  # boundary: per window, every stage's ms and the bytes that crossed
     return output
