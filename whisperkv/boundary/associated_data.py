@@ -106,16 +106,20 @@ def parse_label(data: bytes) -> PartLabel:
 
 
 def check_label(found: PartLabel, expected: PartLabel) -> None:
-    """Refuse, naming the first field, a label that is not exactly the one asked for."""
-    for f in fields(PartLabel):
-        have, want = getattr(found, f.name), getattr(expected, f.name)
+    """Refuse, naming the first field, a label that is not exactly the one asked for.
+
+    Which request and which window come first, so a replayed or reordered blob is called that.
+    """
+    names = ["format", "request_id", "seq"]
+    for name in names + [f.name for f in fields(PartLabel) if f.name not in names]:
+        have, want = getattr(found, name), getattr(expected, name)
         if have != want:
             what = {"seq": "replayed or reordered blob: ", "request_id": "blob from another request: "}.get(
-                f.name, ""
+                name, ""
             )
             raise SealedCacheError(
-                f"{what}associated data field '{f.name}' differs (blob has {have!r}, request needs {want!r})",
-                f.name,
+                f"{what}associated data field '{name}' differs (blob has {have!r}, request needs {want!r})",
+                name,
                 have,
                 want,
             )
