@@ -294,3 +294,16 @@ def test_crossing_bytes_from_dimensions():
     assert {r["model"] for r in rows} >= {"tiny", "base", "small", "medium", "large-v3"}
     ratios = {(r["model"], r["dtype"]): r["ratio"] for r in rows}
     assert ratios["tiny.en", "float32"] == 8 and ratios["large-v3", "float16"] == 64
+
+
+def test_cli_inspect_boundary_table(capsys):
+    import json
+
+    from whisperkv.cli import main
+
+    assert main(["inspect", "--boundary", "--json"]) == 0
+    rows = {(r["model"], r["dtype"]): r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tiny.en", "float32"]["cross_kv"] == 18_432_000
+    assert rows["large-v3", "float16"]["features"] == 3_840_000
+    assert main(["inspect", "--boundary"]) == 0
+    assert "245.8MB" in capsys.readouterr().out

@@ -166,3 +166,15 @@ def test_sweep_every_english_clip_and_long_file(tiny_model, thread_worker, proce
             local = tiny_model.transcribe(path, beam_size=beam_size, verbose=None)
             remote = tiny_model.transcribe(path, beam_size=beam_size, verbose=None, encoder=encoder)
             _same(remote, local)
+
+
+def test_verify_remote_path_is_bit_identical(tiny_model, process_worker, speech_dir):
+    """``whisperkv verify --encoder_url``: the worker's sealed Cross-KV equals the local one, same tokens."""
+    from whisperkv.verify import add_remote_path
+
+    report = {"paths": {}, "identical": True, "language": "en"}
+    with RemoteEncoder(process_worker, SECRET, carry="cross_kv") as encoder:
+        add_remote_path(report, tiny_model, str(speech_dir / "en" / "jfk.flac"), encoder)
+    path = report["paths"]["sealed_remote"]
+    assert path["identical"] and report["identical"]
+    assert path["max_abs_cross_kv_diff"] == 0.0 and path["tokens"] > 20
