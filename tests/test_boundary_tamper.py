@@ -286,5 +286,7 @@ def test_worker_refuses_replayed_requests_and_garbage(tiny_model, worker_url, tw
         assert again.status_code == 409 and "replayed or reordered request" in again.json()["error"]
         garbage = client.post(worker_url + "/v1/encode", content=b"hello")
         assert garbage.status_code == 400 and "malformed blob" in garbage.json()["error"]
+        huge = client.post(worker_url + "/v1/encode", content=bytes(9 * 2**20))
+        assert huge.status_code == 413 and "request over" in huge.json()["error"]
         bad_hello = client.post(worker_url + "/v1/session", content=b"{")
         assert bad_hello.status_code == 400 and "bad handshake" in bad_hello.json()["error"]

@@ -123,9 +123,9 @@ def create_app(model: Whisper, secret: bytes, carry: str = "features") -> FastAP
         return JSONResponse(answer)
 
     @app.post("/v1/encode")
-    def encode(body: bytes = _body_dependency()) -> Response:
-        if len(body) > MAX_REQUEST_BYTES:
-            return _refuse(413, f"request of {len(body)} bytes; at most {MAX_REQUEST_BYTES}")
+    def encode(body: bytes | None = _body_dependency()) -> Response:
+        if body is None:
+            return _refuse(413, f"request over {MAX_REQUEST_BYTES} bytes")
         try:
             blob, costs = encode_window(state, body)
         except LookupError as err:
@@ -148,11 +148,20 @@ def create_app(model: Whisper, secret: bytes, carry: str = "features") -> FastAP
 
 
 def _body_dependency():  # noqa: ANN202 - a FastAPI dependency object
-    """The raw request body, read once (the endpoint itself stays synchronous: encoding blocks)."""
+    """The raw request body, or None once it passes ``MAX_REQUEST_BYTES`` (reading stops there).
+
+    The endpoint itself stays synchronous (encoding blocks), so FastAPI runs it in its thread pool.
+    """
     from fastapi import Depends
 
-    async def read(request: Request) -> bytes:
-        return await request.body()
+    async def read(request: Request) -> bytes | None:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_REQUEST_BYTES:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     return Depends(read)
 
