@@ -189,6 +189,7 @@ def main() -> None:
         rows = []
         for name in args.models:
             rows += measure_model(name, audio, args.windows, args.rounds, secret, secret_file)
+            print(render(summarize([r for r in rows if r["model"] == name])), file=sys.stderr, flush=True)
     table = summarize(rows)
     print(
         f"# CPU: {cpu_model()} ({os.cpu_count()} logical cores), torch {torch.__version__} "
