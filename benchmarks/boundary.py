@@ -150,20 +150,31 @@ def render(table: list[dict]) -> str:
 
 
 def decision(table: list[dict]) -> str:
-    """Which side should project Cross-KV: the path with the lower end-to-end median wins; bytes say why."""
+    """Which side should project Cross-KV, from the stages that differ between the two carry modes.
+
+    Log-Mel, encoder and decoding are the same work in both modes (their spread here is noise); what
+    differs is the projection (same FLOPs, other side) and sealing + transfer + opening, which scale with
+    the bytes. A real link adds its own time per byte: shown for 1 Gbit/s.
+    """
     out = []
     for name in dict.fromkeys(r["model"] for r in table):
         by = {r["carry"]: r for r in table if r["model"] == name}
         f, c = by["features"], by["cross_kv"]
-        crossing_f = f["seal_ms"] + f["transfer_ms"] + f["open_ms"]
-        crossing_c = c["seal_ms"] + c["transfer_ms"] + c["open_ms"]
-        side = "decoder (carry features)" if f["total_ms"] <= c["total_ms"] else "worker (carry cross_kv)"
+        crossing = {k: r["seal_ms"] + r["transfer_ms"] + r["open_ms"] for k, r in by.items() if k != "local"}
+        differing = {k: crossing[k] + by[k]["projection_ms"] for k in crossing}
+        link = {k: by[k]["bytes_crossing"] * 8 / 1e9 * 1000 for k in crossing}  # ms at 1 Gbit/s
+        side = (
+            "decoder (carry features)"
+            if differing["features"] <= differing["cross_kv"]
+            else "worker (cross_kv)"
+        )
+        mb = {k: by[k]["bytes_crossing"] / 1e6 for k in crossing}
         out.append(
-            f"{name}: features {f['total_ms']:.0f} ms/window, {f['bytes_crossing'] / 1e6:.1f} MB crossing "
-            f"(seal+transfer+open {crossing_f:.0f} ms, projection here "
-            f"{f['projection_ms']:.0f} ms) vs cross_kv {c['total_ms']:.0f} ms/window, "
-            f"{c['bytes_crossing'] / 1e6:.1f} MB (seal+transfer+open {crossing_c:.0f} ms, projection there "
-            f"{c['projection_ms']:.0f} ms) -> project Cross-KV on the {side}"
+            f"{name}: features {mb['features']:.1f} MB, seal+transfer+open {crossing['features']:.0f} ms "
+            f"+ projection {f['projection_ms']:.0f} ms = {differing['features']:.0f} ms "
+            f"(+{link['features']:.0f} ms at 1 Gbit/s); cross_kv {mb['cross_kv']:.1f} MB, "
+            f"{crossing['cross_kv']:.0f} ms + {c['projection_ms']:.0f} ms = {differing['cross_kv']:.0f} ms "
+            f"(+{link['cross_kv']:.0f} ms at 1 Gbit/s) -> project Cross-KV on the {side}"
         )
     return "\n".join(out)
 
