@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 
 from whisperkv.batch import command as batch_command
+from whisperkv.boundary import command as boundary_command
 from whisperkv.cli_options import (
     CliParser,
     add_debug_arg,
@@ -35,7 +36,7 @@ from whisperkv.errors import WhisperKVError
 from whisperkv.explain import command as explain_command
 from whisperkv.options_check import OptionError, check_transcribe_options
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch", "explain")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch", "explain", "encoder-worker")
 
 
 def _error(message: str) -> None:
@@ -83,6 +84,9 @@ def cmd_transcribe(args) -> int:
         os.makedirs(args.output_dir, exist_ok=True)
     except OSError as err:
         raise OptionError("output_dir", f"cannot create {args.output_dir}: {err.strerror}") from None
+    if args.batched and args.encoder_url:
+        raise OptionError("encoder_url", "--batched does not encode through a remote worker yet")
+    encoder = boundary_command.remote_encoder(args)
     model = _load(args)
     language = args.language
     if not model.is_multilingual and (language not in (None, "en") or args.task == "translate"):
@@ -90,6 +94,8 @@ def cmd_transcribe(args) -> int:
         language, args.task = "en", "transcribe"
     options = transcribe_options(args, language)
     check_transcribe_options(model, options)  # token ids against this model's vocabulary
+    if encoder is not None:
+        options["encoder"] = encoder
     writer = get_writer(args.output_format, args.output_dir)
     writer_options = {
         "highlight_words": args.highlight_words,
@@ -129,6 +135,7 @@ def _verify_parser(sub) -> None:
         "--language", type=optional(language), default=None, help="language code or name (None: detect)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    boundary_command.add_remote_encoder_args(p)  # adds the path sealed_remote (worker's Cross-KV vs local)
 
 
 def cmd_verify(args) -> int:
@@ -140,6 +147,11 @@ def cmd_verify(args) -> int:
     for path in args.audio:
         try:
             report = verify_file(model, path, beam_size=args.beam_size, language=args.language)
+            if args.encoder_url:
+                from whisperkv.verify import add_remote_path
+
+                encoder = boundary_command.remote_encoder(args)
+                add_remote_path(report, model, path, encoder, args.beam_size, args.language)
         except Exception as err:  # one line per failed file; the others are still verified
             failures += 1
             _failed(path, err, args.debug)
@@ -189,11 +201,19 @@ def _inspect_parser(sub) -> None:
         help="element type: float32 is what a CPU run uses, float16 what a CUDA run uses",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--boundary", action="store_true", help="bytes that cross per window, every model size")
     add_debug_arg(p)
 
 
 def cmd_inspect(args) -> int:
     from whisperkv.inspect import inspect_caches, render_inspect
+
+    if args.boundary:
+        from whisperkv.boundary.costs import crossing_table, render_crossing_table
+
+        table = crossing_table()
+        print(json.dumps(table, indent=2) if args.json else render_crossing_table(table))
+        return 0
 
     report = inspect_caches(args.model, args.batch, args.text_positions, args.dtype, args.audio_positions)
     print(json.dumps(report, indent=2) if args.json else render_inspect(report))
@@ -231,13 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(prog="whisperkv", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"whisperkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    transcribe_parser(sub)
+    boundary_command.add_remote_encoder_args(transcribe_parser(sub))
     _verify_parser(sub)
     _inspect_parser(sub)
     _convert_parser(sub)
     add_debug_arg(add_parser(sub, "models", "list models available offline"))
     batch_command.add_parser(sub)
     explain_command.add_parser(sub)
+    boundary_command.add_parser(sub)
     return parser
 
 
@@ -254,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "models": cmd_models,
         "batch": batch_command.run,
         "explain": explain_command.run,
+        "encoder-worker": boundary_command.run,
     }[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line, without the source path; restored on exit

@@ -51,3 +51,22 @@ class ShuttingDownError(WhisperKVError):
 
 class JobCancelledError(WhisperKVError):
     """The job was cancelled (its client went away) before it finished."""
+
+
+class SealedCacheError(CacheReuseError):
+    """A sealed encoder output or Cross-KV from across a trust boundary was refused (issue 11).
+
+    ``reason`` says why: an associated-data field that differs from what was asked for (``field``
+    names it), a failed authentication (altered bytes, another key: other secret, weights or session),
+    a replayed or reordered blob, a malformed or truncated blob, or a worker that refused the request.
+    """
+
+    def __init__(
+        self, reason: str, field: str = "seal", cached: object = None, requested: object = None
+    ) -> None:
+        self.kind = "sealed cache"
+        self.field = field
+        self.cached = cached
+        self.requested = requested
+        self.reason = reason
+        WhisperKVError.__init__(self, f"refusing sealed cache: {reason}")

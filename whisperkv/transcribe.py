@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from whisperkv.audio_source import AudioSource
-from whisperkv.cache.store import CacheStore, EncodedWindow
+from whisperkv.cache.store import CacheStore, EncodedWindow, WindowEncoder
 from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 from whisperkv.engine.job import SILENCE_PEAK, Job
@@ -99,6 +99,7 @@ def transcribe(
     append_punctuations: str = "\"'.。,，!！?？:：”)]}、",
     clip_timestamps: str | list[float] = "0",
     hallucination_silence_threshold: float | None = None,
+    encoder: WindowEncoder | None = None,  # boundary (issue 11): e.g. RemoteEncoder(url, secret, carry)
     **decode_options: Any,
 ) -> dict:
     """Transcribe a file or a 16 kHz float32 waveform. Options and result as in openai-whisper.
@@ -122,6 +123,7 @@ def transcribe(
             "append_punctuations": append_punctuations,
             "clip_timestamps": clip_timestamps,
             "hallucination_silence_threshold": hallucination_silence_threshold,
+            "encoder": encoder,
             **decode_options,
         }
     )

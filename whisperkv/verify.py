@@ -7,6 +7,7 @@ For each 30 s window of the file, decode with:
                         output and Cross-KV reused, as a temperature-fallback retry does);
 * ``alignment_reuse`` — the teacher-forced pass word timing runs, on the reused Cross-KV;
 * ``language_reuse``  — (multilingual) language detection on the stored encoder output vs a fresh one.
+* ``sealed_remote``   — (``--encoder_url``) the Cross-KV opened from a worker's sealed answer vs local.
 Every path's tokens are compared step by step with the twin's, and its logits by max abs difference.
 """
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from whisperkv.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, load_audio, log_mel_spectrogram, pad_or_trim
-from whisperkv.cache.store import CacheStore
+from whisperkv.cache.store import CacheStore, WindowEncoder
 from whisperkv.decoding.decode import decode_window, initial_tokens
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
@@ -127,3 +128,44 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         "seconds": {"twin": round(twin_seconds, 3), "cached": round(cached_seconds, 3)},
         "cache": store.report(),
     }
+
+
+def add_remote_path(
+    report: dict,
+    model: Whisper,
+    path: str,
+    encoder: WindowEncoder,
+    beam_size: int | None = None,
+    language: str | None = None,
+) -> dict:
+    """Boundary (issue 11): the path ``sealed_remote`` — every window's Cross-KV opened from a worker's
+    sealed answer against the one projected here (bit for bit), and the tokens decoded from each."""
+    audio = load_audio(path)
+    mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
+    content_frames = mel.shape[-1] - N_FRAMES
+    language = language or report.get("language") or "en"
+    tokenizer = model.tokenizer.with_options(language=language)
+    options = DecodingOptions(language=language, beam_size=beam_size, record_logits=True)
+    local_store, remote_store = CacheStore(max_entries=1), CacheStore(max_entries=1, encoder=encoder)
+    out = {"identical": True, "tokens": 0, "max_abs_logit_diff": 0.0, "max_abs_cross_kv_diff": 0.0}
+    for seek in range(0, max(content_frames, 1), N_FRAMES):
+        size = min(N_FRAMES, content_frames - seek) if content_frames else N_FRAMES
+        segment = pad_or_trim(mel[:, seek : seek + size], N_FRAMES)
+        bounds = (seek * HOP_LENGTH, (seek + size) * HOP_LENGTH)
+        local = local_store.encode(model, segment, *bounds, "verify local")
+        remote = remote_store.encode(model, segment, *bounds, "verify remote")
+        for a, b in zip(local.cross_kv, remote.cross_kv):
+            diff = max(float((a.key - b.key).abs().max()), float((a.value - b.value).abs().max()))
+            out["max_abs_cross_kv_diff"] = max(out["max_abs_cross_kv_diff"], diff)
+        here = decode_window(model, tokenizer, local.audio_features, options, cross_kv=local.cross_kv)
+        there = decode_window(model, tokenizer, remote.audio_features, options, cross_kv=remote.cross_kv)
+        result = compare(here, there)
+        out["identical"] = out["identical"] and result["identical"] and out["max_abs_cross_kv_diff"] == 0.0
+        out["tokens"] += result["tokens"]
+        out["max_abs_logit_diff"] = max(out["max_abs_logit_diff"], result["max_abs_logit_diff"])
+    out["detail"] = (
+        f"carry={getattr(encoder, 'carry', '?')} max|ΔCross-KV|={out['max_abs_cross_kv_diff']:.3g}"
+    )
+    report["paths"]["sealed_remote"] = out
+    report["identical"] = report["identical"] and out["identical"]
+    return report

@@ -4,20 +4,29 @@ The store answers "have I already computed this?" only when every provenance fie
 same weights, the same log-Mel window (by content digest), the same window position in the source
 audio, front-end settings, dtype and device. An offered cache whose provenance differs is refused
 with ``CacheReuseError`` naming the field — there is no "close enough".
+
+What computes a missing window is pluggable (``WindowEncoder``): ``LocalEncoder`` runs the encoder and
+projects the Cross-KV in this process; ``whisperkv.boundary.RemoteEncoder`` asks a worker across a trust
+boundary and opens what it sends back sealed. A window that arrived as Cross-KV only has no encoder
+output here: its ``audio_features`` is empty ([1, 0, d]) and ``has_features`` is False; decoding and
+word alignment read only the Cross-KV.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from whisperkv.boundary.costs import WindowCosts, stopwatch
 from whisperkv.cache.kv import CrossKV
 from whisperkv.cache.provenance import EncoderProvenance, first_difference
 from whisperkv.errors import CacheReuseError
 
 if TYPE_CHECKING:
+    from whisperkv.decoding.options import DecodingResult
     from whisperkv.model.whisper import Whisper
 
 
@@ -34,8 +43,42 @@ class EncodedWindow:
     """One encoder output, its provenance, and the Cross-KV projected from it."""
 
     provenance: EncoderProvenance
-    audio_features: torch.Tensor
+    audio_features: torch.Tensor  # [1, 1500, d]; [1, 0, d] when only the Cross-KV arrived
     cross_kv: list[CrossKV]
+    costs: WindowCosts | None = None
+    handed_out_at: float = field(default=0.0, repr=False)  # perf_counter when the store last returned it
+
+    @property
+    def has_features(self) -> bool:
+        return self.audio_features.shape[1] > 0
+
+
+class WindowEncoder(Protocol):
+    """Computes one window's encoder output and Cross-KV for the store (in process or remote)."""
+
+    def encode(
+        self, model: Whisper, mel: torch.Tensor, provenance: EncoderProvenance, reason: str
+    ) -> EncodedWindow: ...
+
+
+class LocalEncoder:
+    """Today's path: ``model.embed_audio`` then ``model.decoder.project_cross_kv``, in this process."""
+
+    def encode(
+        self, model: Whisper, mel: torch.Tensor, provenance: EncoderProvenance, reason: str = ""
+    ) -> EncodedWindow:
+        with stopwatch() as encoder_ms:
+            features = model.embed_audio(mel)
+        with stopwatch() as projection_ms:
+            cross_kv = model.decoder.project_cross_kv(features, provenance)
+        costs = WindowCosts(
+            provenance.window_start,
+            provenance.window_end,
+            "local",
+            encoder_ms=encoder_ms[0],
+            projection_ms=projection_ms[0],
+        )
+        return EncodedWindow(provenance, features, cross_kv, costs)
 
 
 @dataclass
@@ -49,6 +92,12 @@ class CacheStore:
     hits: list[str] = field(default_factory=list)
     misses: int = 0
     refusals: list[str] = field(default_factory=list)
+    encoder: WindowEncoder = field(default_factory=LocalEncoder)
+    window_costs: list[WindowCosts] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.encoder is None:  # callers pass their ``encoder=`` option through as it is
+            self.encoder = LocalEncoder()
 
     def encode(
         self, model: Whisper, mel: torch.Tensor, window_start: int, window_end: int, reason: str = ""
@@ -65,14 +114,30 @@ class CacheStore:
                 "encoder output", found.provenance, provenance
             )  # dict equality already; belt and braces
             self.hits.append(reason or "window re-encoded")
+            found.handed_out_at = time.perf_counter()
             return found
         self.misses += 1
-        features = model.embed_audio(mel)
-        window = EncodedWindow(provenance, features, model.decoder.project_cross_kv(features, provenance))
+        window = self.encoder.encode(model, mel, provenance, reason)
+        if (
+            window.provenance != provenance
+        ):  # an encoder answers for the window it was asked for, or not at all
+            check_reuse("encoder output", window.provenance, provenance)
+        if window.costs is not None:
+            self.window_costs.append(window.costs)
         if len(self.entries) >= self.max_entries:
             self.entries.pop(next(iter(self.entries)))
         self.entries[provenance] = window
+        window.handed_out_at = time.perf_counter()
         return window
+
+    def record_decode(self, window: EncodedWindow, result: DecodingResult) -> None:
+        """Charge the time since ``window`` was handed out (its decode, fallbacks included) to its costs."""
+        if window.costs is not None:
+            window.costs.add_decode((time.perf_counter() - window.handed_out_at) * 1000, len(result.tokens))
+
+    def costs(self) -> list[dict]:
+        """Per encoded window, every stage's cost (see ``whisperkv.boundary.costs.WindowCosts``)."""
+        return [c.to_dict() for c in self.window_costs]
 
     def offer(self, window: EncodedWindow, requested: EncoderProvenance) -> EncodedWindow:
         """Accept ``window`` for a computation that needs ``requested``, or refuse and say why."""

@@ -87,7 +87,7 @@ class Job:
             generator.set_state(torch.random.get_rng_state())
         self.generator = generator
         # the window being decoded, and the language window; provenance names this request
-        self.store = CacheStore(max_entries=2, request_id=request_id)
+        self.store = CacheStore(max_entries=2, request_id=request_id, encoder=options.encoder)
         self.content_frames = self.source.content_frames
         self.content_duration = float(self.content_frames * HOP_LENGTH / SAMPLE_RATE)
         self.input_stride = N_FRAMES // model.dims.n_audio_ctx  # Mel frames per encoder position: 2
@@ -208,6 +208,8 @@ class Job:
             options = fallback_options(replace(self.base, prompt=task.options.prompt), t)
             return replace(task, options=options, attempt=attempt)
         self.last_cache_report = result.cache
+        if task.window is not None:
+            self.store.record_decode(task.window, result)  # decode ms and tokens, fallbacks included
         self.take_window(task, result)
         return None
 
@@ -324,6 +326,7 @@ class Job:
         if self.language_probs is not None:
             output["language_probs"] = self.language_probs
         output["cache"] = {**(self.last_cache_report or {}), "reuse": self.store.report()}
+        output["costs"] = self.store.costs()  # per window: every stage's ms and the bytes that crossed
         return output
 
     def close(self) -> None:

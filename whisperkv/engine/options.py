@@ -35,6 +35,9 @@ class TranscribeOptions:
     append_punctuations: str = "\"'.。,，!！?？:：”)]}、"
     clip_timestamps: str | list[float] = "0"
     hallucination_silence_threshold: float | None = None
+    #: what encodes a window (``whisperkv.cache.store.WindowEncoder``): None is this process; a
+    #: ``whisperkv.boundary.RemoteEncoder`` asks a sealed worker across a trust boundary
+    encoder: Any = None
     #: every other keyword: DecodingOptions fields (language, task, beam_size, best_of, hotwords, ...)
     decode_options: dict[str, Any] = field(default_factory=dict)
 

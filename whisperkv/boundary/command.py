@@ -1,0 +1,57 @@
+"""The boundary's command-line parts: ``whisperkv encoder-worker`` and the options that send windows to one.
+
+``--encoder_url``/``--secret_file``/``--carry`` are shared by ``transcribe`` and ``verify``: the decoder side
+keeps the front end and decoding local and asks the worker for each window, sealed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_remote_encoder_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument(
+        "--encoder_url",
+        default=None,
+        help="encode windows on this worker, sealed (e.g. http://127.0.0.1:8001)",
+    )
+    p.add_argument("--secret_file", default=None, help="file holding the secret shared with the worker")
+    p.add_argument(
+        "--carry", default="features", choices=["features", "cross_kv"], help="what the worker sends back"
+    )
+    return p
+
+
+def remote_encoder(args: argparse.Namespace):
+    """The ``RemoteEncoder`` the options ask for, or None for the local encoder."""
+    if not getattr(args, "encoder_url", None):
+        return None
+    if not args.secret_file:
+        raise ValueError("--encoder_url needs --secret_file")
+    from whisperkv.boundary.client import RemoteEncoder
+    from whisperkv.boundary.keys import read_secret
+
+    return RemoteEncoder(args.encoder_url, read_secret(args.secret_file), carry=args.carry)
+
+
+def add_parser(sub) -> None:
+    from whisperkv.cli_options import add_debug_arg, add_model_args, add_parser, positive_int
+
+    p = add_parser(sub, "encoder-worker", "serve the encoder over HTTP; every answer is sealed")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=positive_int, default=8001, help="port to listen on")
+    add_model_args(p)
+    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument("--secret_file", required=True, help="file holding the secret shared with decoders")
+    p.add_argument("--carry", default="features", choices=["features", "cross_kv"], help="what to send back")
+    add_debug_arg(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from whisperkv.boundary.keys import read_secret
+    from whisperkv.boundary.worker import run_worker
+    from whisperkv.cli import _load
+
+    secret = read_secret(args.secret_file)
+    run_worker(_load(args), secret, args.carry, args.host, args.port)
+    return 0
