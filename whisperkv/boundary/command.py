@@ -35,7 +35,7 @@ def remote_encoder(args: argparse.Namespace):
 
 
 def add_parser(sub) -> None:
-    from whisperkv.cli_options import add_debug_arg, add_model_args, add_parser, positive_int
+    from whisperkv.cli_options import add_model_args, add_parser, positive_int
 
     p = add_parser(sub, "encoder-worker", "serve the encoder over HTTP; every answer is sealed")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -44,7 +44,6 @@ def add_parser(sub) -> None:
     p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
     p.add_argument("--secret_file", required=True, help="file holding the secret shared with decoders")
     p.add_argument("--carry", default="features", choices=["features", "cross_kv"], help="what to send back")
-    add_debug_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
