@@ -113,17 +113,6 @@ def test_inspect_json_figures(run):
     assert report["self_kv_bytes"] == 614400 and report["cross_kv_bytes"] == 9216000
 
 
-def test_verify_json_is_identical(run, speech_dir):
-    code, out, err = run("verify", speech_dir / SHORT_CLIP, "--json")
-    assert code == 0, err
-    report = json.loads(out)
-    assert report["identical"] is True
-    for name in ("cached", "fallback_reuse", "alignment_reuse"):
-        assert report["paths"][name]["identical"] is True
-        assert report["paths"][name]["tokens"] > 0
-        assert report["paths"][name]["max_abs_logit_diff"] < 1e-3
-
-
 def test_api_accepts_path_and_array(tiny_model, speech_dir):
     path = speech_dir / "en" / "lj_LJ001-0002.flac"
     by_path = tiny_model.transcribe(str(path))
@@ -243,8 +232,11 @@ def test_verify_detects_the_language_on_a_multilingual_model(monkeypatch, capsys
     code = cli.main(["verify", str(speech_dir / "xx" / "pv_test_de.wav"), "--model", "base", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["identical"] is True
-    assert report["paths"]["language_reuse"]["identical"] is True
-    assert report["paths"]["cached"]["tokens"] > 0
+    assert report["paths"]["language_reuse"]["identical"] is True  # crashed: a 2-D log-Mel to the encoder
+    for name in ("cached", "fallback_reuse", "alignment_reuse"):
+        assert report["paths"][name]["identical"] is True
+        assert report["paths"][name]["tokens"] > 0
+        assert report["paths"][name]["max_abs_logit_diff"] < 1e-3
 
 
 def test_setup_installs_the_oracle_last_and_declares_an_spdx_license():
