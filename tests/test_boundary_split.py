@@ -123,30 +123,34 @@ def test_cross_kv_carry_from_another_process_beam5_with_words(
 
 
 def test_cli_remote_transcribe_and_one_line_refusal(
-    process_worker, secret_file, tmp_path, speech_dir, local_beam5_words
+    tiny_model, process_worker, secret_file, tmp_path, speech_dir, local_beam5_words, monkeypatch, capsys
 ):
-    """One CLI run: the first file through the worker, the second with the wrong secret is refused."""
+    """``whisperkv transcribe --encoder_url``: through the worker process, then a one-line refusal with
+    the wrong secret (exit 1, no output file). The CLI runs in this process on the already loaded model."""
+    from whisperkv import cli
+
+    monkeypatch.setattr(cli, "_load", lambda args: tiny_model)
     jfk = speech_dir / "en" / "jfk.flac"
     wrong = tmp_path / "wrong-secret"
     wrong.write_bytes(os.urandom(32))
     out_ok, out_bad = tmp_path / "ok", tmp_path / "bad"
-    base = [sys.executable, "-m", "whisperkv", "transcribe", str(jfk), "--encoder_url", process_worker]
-    base += ["--carry", "cross_kv", "--verbose", "False", "-f", "txt", "--word_timestamps", "True"]
-    ok = subprocess.run(
-        [*base, "--secret_file", str(secret_file), "-o", str(out_ok)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert ok.returncode == 0, ok.stderr
+    base = ["transcribe", str(jfk), "--encoder_url", process_worker, "--carry", "cross_kv"]
+    base += ["--verbose", "False", "-f", "txt", "--word_timestamps", "True"]
+    assert cli.main([*base, "--secret_file", str(secret_file), "-o", str(out_ok)]) == 0
     expected = "".join(s["text"].strip() + "\n" for s in local_beam5_words["segments"])
     assert (out_ok / "jfk.txt").read_text() == expected
-    bad = subprocess.run(
-        [*base, "--secret_file", str(wrong), "-o", str(out_bad)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert bad.returncode == 1 and bad.stdout == ""
-    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "refusing sealed cache: key confirmation failed" in lines[0], bad.stderr
+    capsys.readouterr()
+    assert cli.main([*base, "--secret_file", str(wrong), "-o", str(out_bad)]) == 1
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert captured.out == "" and len(lines) == 1, captured
+    assert (
+        lines[0].startswith("whisperkv: error: ")
+        and "refusing sealed cache: key confirmation failed" in lines[0]
+    )
     assert not out_bad.exists() or not any(out_bad.iterdir())  # no transcript, no partial file
+    assert cli.main([*base, "--secret_file", str(tmp_path / "missing"), "-o", str(out_bad)]) == 2
+    assert "secret file" in capsys.readouterr().err
 
 
 def _sweep_files() -> list[str]:

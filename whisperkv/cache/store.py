@@ -92,7 +92,7 @@ class CacheStore:
     hits: list[str] = field(default_factory=list)
     misses: int = 0
     refusals: list[str] = field(default_factory=list)
-    encoder: WindowEncoder = field(default_factory=LocalEncoder)
+    encoder: WindowEncoder | None = field(default_factory=LocalEncoder)
     window_costs: list[WindowCosts] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -118,9 +118,8 @@ class CacheStore:
             return found
         self.misses += 1
         window = self.encoder.encode(model, mel, provenance, reason)
-        if (
-            window.provenance != provenance
-        ):  # an encoder answers for the window it was asked for, or not at all
+        # an encoder answers for the window it was asked for, or not at all
+        if window.provenance != provenance:
             check_reuse("encoder output", window.provenance, provenance)
         if window.costs is not None:
             self.window_costs.append(window.costs)
