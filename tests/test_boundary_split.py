@@ -91,7 +91,7 @@ def _same(remote: dict, local: dict) -> None:
 
 def test_features_carry_greedy_is_identical(tiny_model, thread_worker, speech_dir):
     path = str(speech_dir / "en" / "jfk.flac")
-    local = tiny_model.transcribe(path, verbose=None)
+    local = tiny_model.transcribe(path, verbose=None, report_costs=True)
     with RemoteEncoder(thread_worker, SECRET, carry="features") as encoder:
         remote = tiny_model.transcribe(path, encoder=encoder, verbose=None)
     _same(remote, local)

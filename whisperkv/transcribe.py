@@ -99,7 +99,8 @@ def transcribe(
     append_punctuations: str = "\"'.。,，!！?？:：”)]}、",
     clip_timestamps: str | list[float] = "0",
     hallucination_silence_threshold: float | None = None,
-    encoder: WindowEncoder | None = None,  # boundary (issue 11): e.g. RemoteEncoder(url, secret, carry)
+    encoder: WindowEncoder | None = None,
+    report_costs: bool = False,
     **decode_options: Any,
 ) -> dict:
     """Transcribe a file or a 16 kHz float32 waveform. Options and result as in openai-whisper.
@@ -123,7 +124,8 @@ def transcribe(
             "append_punctuations": append_punctuations,
             "clip_timestamps": clip_timestamps,
             "hallucination_silence_threshold": hallucination_silence_threshold,
-            "encoder": encoder,
+            "encoder": encoder,  # None: this process; e.g. boundary.RemoteEncoder(url, secret, carry)
+            "report_costs": report_costs,
             **decode_options,
         }
     )

@@ -326,7 +326,8 @@ class Job:
         if self.language_probs is not None:
             output["language_probs"] = self.language_probs
         output["cache"] = {**(self.last_cache_report or {}), "reuse": self.store.report()}
-        output["costs"] = self.store.costs()  # per window: every stage's ms and the bytes that crossed
+        if self.options.report_costs or self.options.encoder is not None:
+            output["costs"] = self.store.costs()  # per window: every stage's ms and the bytes that crossed
         return output
 
     def close(self) -> None:

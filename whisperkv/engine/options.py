@@ -38,6 +38,9 @@ class TranscribeOptions:
     #: what encodes a window (``whisperkv.cache.store.WindowEncoder``): None is this process; a
     #: ``whisperkv.boundary.RemoteEncoder`` asks a sealed worker across a trust boundary
     encoder: Any = None
+    #: add "costs" (per window: every stage's ms, bytes crossed) to the result; always on with an encoder.
+    #: Off by default: timings differ run to run, and a result should be the same whoever computed it.
+    report_costs: bool = False
     #: every other keyword: DecodingOptions fields (language, task, beam_size, best_of, hotwords, ...)
     decode_options: dict[str, Any] = field(default_factory=dict)
 
