@@ -67,6 +67,12 @@ def _transcribe_parser(sub) -> None:
     p.add_argument("--suppress_tokens", type=str, default="-1")
     p.add_argument("--initial_prompt", type=str, default=None)
     p.add_argument("--carry_initial_prompt", type=_str2bool, default=False)
+    p.add_argument(
+        "--hotwords",
+        type=str,
+        default=None,
+        help="words to bias towards, put before the previous text in every prompt (ignored with a prefix)",
+    )
     p.add_argument("--condition_on_previous_text", type=_str2bool, default=True)
     p.add_argument("--fp16", type=_str2bool, default=True, help="float16 on CUDA (CPU always float32)")
     p.add_argument("--temperature_increment_on_fallback", type=_optional(float), default=0.2)
@@ -162,6 +168,7 @@ def cmd_transcribe(args) -> int:
         "suppress_tokens": args.suppress_tokens,
         "initial_prompt": args.initial_prompt,
         "carry_initial_prompt": args.carry_initial_prompt,
+        "hotwords": args.hotwords,
         "condition_on_previous_text": args.condition_on_previous_text,
         "compression_ratio_threshold": args.compression_ratio_threshold,
         "logprob_threshold": args.logprob_threshold,
