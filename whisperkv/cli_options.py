@@ -175,6 +175,11 @@ def transcribe_parser(sub) -> CliParser:
     opt("--initial_prompt", default=None, help="text the first window is told was said before it")
     opt("--carry_initial_prompt", type=str2bool, default=False, help="give --initial_prompt to every window")
     opt(
+        "--hotwords",
+        default=None,
+        help="words to bias towards, put before the previous text in every prompt (ignored with a prefix)",
+    )
+    opt(
         "--condition_on_previous_text",
         type=str2bool,
         default=True,
@@ -292,7 +297,7 @@ def transcribe_options(args: argparse.Namespace, language_code: str | None) -> d
         "append_punctuations": args.append_punctuations,
         "clip_timestamps": args.clip_timestamps,
         "hallucination_silence_threshold": args.hallucination_silence_threshold,
-    }
+    } | ({"hotwords": args.hotwords} if args.hotwords else {})
 
 
 def check_device(name: str) -> None:

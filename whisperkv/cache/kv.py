@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from whisperkv.cache.provenance import CrossKVProvenance, SelfKVProvenance
+from whisperkv.errors import CacheReuseError
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,11 @@ class DecoderCache:
     def __init__(self, self_kv: list[SelfKV], cross_kv: list[CrossKV]) -> None:
         if len(self_kv) != len(cross_kv):
             raise ValueError("one SelfKV and one CrossKV per decoder layer")
+        owners = {kv.provenance.encoder.request_id for kv in cross_kv}
+        if len(owners) > 1:
+            raise CacheReuseError("Cross-KV", "encoder.request_id", *sorted(owners)[:2])
+        #: the request every row of this cache belongs to: the one its Cross-KV was computed for
+        self.request_id = owners.pop() if owners else ""
         self.self_kv = self_kv
         self.cross_kv = list(cross_kv)  # its own list: ``keep_rows`` replaces entries, never the caller's
         for kv in self_kv:
@@ -231,6 +237,7 @@ class DecoderCache:
             prefix=tuple(int(t) for t in self.tokens[row]),
             start_position=0,
             cross_kv=self.cross_kv[layer].provenance if self.cross_kv else None,
+            request_id=self.request_id,
         )
 
     @property

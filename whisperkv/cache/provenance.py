@@ -52,11 +52,7 @@ class SelfKVProvenance:
     prefix: tuple[int, ...]  # token ids whose keys/values the cache holds, in order
     start_position: int  # position index of prefix[0]
     cross_kv: CrossKVProvenance | None  # the Cross-KV (encoder output and layer) those tokens attended to
-
-    @property
-    def request_id(self) -> str:
-        """The request whose window these tokens attended to (a Self-KV is never shared either)."""
-        return self.cross_kv.encoder.request_id if self.cross_kv is not None else ""
+    request_id: str = ""  # the request whose rows these are (a Self-KV is never shared either)
 
 
 def first_difference(

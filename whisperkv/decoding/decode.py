@@ -58,10 +58,20 @@ def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_ctx: int, s
         # sample_len) keeps them all, since [-0:] is the whole list
         prefix_tokens = prefix_tokens[-(n_ctx // 2 - sample_len) :]
         tokens += prefix_tokens
-    if options.prompt:
-        prompt = options.prompt
-        prompt_tokens = tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
-        tokens = [tokenizer.sot_prev] + prompt_tokens[-(n_ctx // 2 - 1) :] + tokens
+    hotwords = options.hotwords if options.hotwords and not options.prefix else None
+    if options.prompt or hotwords:
+        # faster-whisper's order: <|startofprev|> hotwords, then the previous text, each capped at half
+        # the text context less one
+        previous: list[int] = []
+        if hotwords:
+            previous += tokenizer.encode(" " + hotwords.strip())[: n_ctx // 2 - 1]
+        if options.prompt:
+            prompt = options.prompt
+            prompt_tokens = (
+                tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+            )
+            previous += prompt_tokens[-(n_ctx // 2 - 1) :]
+        tokens = [tokenizer.sot_prev] + previous + tokens
     return tokens
 
 

@@ -21,6 +21,8 @@ class DecodingOptions:
     length_penalty: float | None = None  # None: divide by length; else Google NMT penalty
     prompt: str | list[int] | None = None  # previous text, placed after <|startofprev|>
     prefix: str | list[int] | None = None  # forced start of this window's text
+    #: words to bias towards (faster-whisper's option): without a prefix, they lead every prompt
+    hotwords: str | None = None
     suppress_tokens: str | list[int] | None = "-1"  # "-1": the non-speech symbols
     suppress_blank: bool = True
     without_timestamps: bool = False

@@ -31,7 +31,7 @@ class JobHandle:
         return self._done.is_set()
 
     def result(self, timeout: float | None = None) -> dict:
-        """The dict ``transcribe()`` returns; re-raises the job's error (``JobCancelledError`` if cancelled)."""
+        """The dict ``transcribe()`` returns; re-raises the job's error (``JobCancelledError``: cancelled)."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.request_id} not done after {timeout} s")
         if self._error is not None:

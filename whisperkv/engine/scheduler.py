@@ -133,6 +133,31 @@ class Scheduler:
                 **self._stats,
             }
 
+    def held_caches(self) -> list[dict]:
+        """The request every held Self-KV and Cross-KV row names, per window in flight (for audits)."""
+        with self._model_lock:
+            held = []
+            for entry in self._active:
+                if entry.rows is None:
+                    continue
+                cache = entry.rows.cache
+                held.append(
+                    {
+                        "request_id": entry.job.request_id,
+                        "rows": entry.rows.rows,
+                        "cross_kv": [kv.provenance.encoder.request_id for kv in cache.cross_kv],
+                        "self_kv": [
+                            [kv.provenance(row).request_id for row in range(entry.rows.rows)]
+                            for kv in cache.self_kv
+                        ],
+                    }
+                )
+            return held
+
+    def active_jobs(self) -> list[Job]:
+        with self._lock:
+            return [entry.job for entry in self._active]
+
     # ---------------------------------------------------------------------------------- the loop
 
     def tick(self) -> bool:
