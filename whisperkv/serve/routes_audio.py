@@ -10,12 +10,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+import numpy as np
+import torch
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from whisperkv import errors as engine_errors
 from whisperkv.audio import SAMPLE_RATE
+from whisperkv.engine import Job, JobHandle, TranscribeOptions
 from whisperkv.errors import AudioError
 from whisperkv.serve.auth import require_api_key
 from whisperkv.serve.errors import APIError, error_body
@@ -28,6 +31,8 @@ router = APIRouter(prefix="/v1/audio", dependencies=[Depends(require_api_key)])
 
 #: form limits besides the byte cap: one file, a bounded number of fields
 MAX_FORM_FIELDS = 64
+#: the seed of every job's sampling generator (see _submit)
+SAMPLING_SEED = 0
 
 
 def _refuse_if_shutting_down(request: Request) -> None:
@@ -35,11 +40,23 @@ def _refuse_if_shutting_down(request: Request) -> None:
         raise APIError(503, "the server is shutting down; retry on another instance", code="shutting_down")
 
 
-def _submit(request: Request, audio, options: dict):
+def _submit(request: Request, audio: np.ndarray, options: dict) -> JobHandle:
+    """Make the job (options checked, log-Mel computed: blocking, so in a worker thread) and queue it.
+
+    Sampling (temperature > 0, fallback) draws from the job's own generator seeded with
+    ``SAMPLING_SEED``: a request's answer is reproducible, and equals ``transcribe()`` run alone after
+    ``torch.manual_seed(SAMPLING_SEED)``, whatever else the server is doing.
+    """
     scheduler = request.app.state.scheduler
-    request_id = f"req-{uuid.uuid4().hex}"
     try:
-        return scheduler.submit(audio, options, request_id=request_id)
+        job = Job(
+            request.app.state.model,
+            audio,
+            TranscribeOptions.from_dict(options),
+            f"req-{uuid.uuid4().hex}",
+            generator=torch.Generator().manual_seed(SAMPLING_SEED),
+        )
+        return scheduler.submit_job(job)
     except engine_errors.WhisperKVError as err:
         raise _engine_error(request, err) from None
     except ValueError as err:
@@ -73,8 +90,8 @@ async def _handle(request: Request, task: str) -> Response:
         )
         waveform = await run_in_threadpool(decode_upload, parsed.upload, settings.max_upload_bytes)
     _refuse_if_shutting_down(request)
-    handle = _submit(request, waveform, parsed.options)
     duration = len(waveform) / SAMPLE_RATE
+    handle = await run_in_threadpool(_submit, request, waveform, parsed.options)
     del waveform  # the job holds what it needs
     if parsed.stream:
         return StreamingResponse(_events(request, handle), media_type="text/event-stream")
