@@ -209,4 +209,3 @@ def test_client_disconnect_cancels_its_job(tiny_model, speech_dir):
             assert _metric(http, "whisperkv_decoder_steps_total") == steps  # nothing decodes for it any more
             ok = _post(http, _file(JFK), {"model": "whisper-1"})
             assert ok.status_code == 200 and "country" in ok.json()["text"]
-

@@ -122,3 +122,20 @@ def test_health_models_and_metrics(server, speech_dir):
         assert done in text
         tokens = float(text.split("\nwhisperkv_decoded_tokens_total ")[1].split()[0])
         assert tokens > 0  # the request above decoded through the scheduler
+
+
+def test_stream_sends_one_delta_per_segment_then_done(server, tiny_model, speech_dir):
+    openai = pytest.importorskip("openai")
+    import torch
+
+    clip = speech_dir / "en" / "ls_1089-134686-0000.flac"
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    with open(clip, "rb") as f:
+        events = list(client.audio.transcriptions.create(file=f, model="whisper-1", stream=True))
+    torch.manual_seed(0)
+    solo = tiny_model.transcribe(str(clip))
+    assert [e.type for e in events] == ["transcript.text.delta"] * len(solo["segments"]) + [
+        "transcript.text.done"
+    ]
+    assert [e.delta for e in events[:-1]] == [s["text"] for s in solo["segments"]]
+    assert events[-1].text == solo["text"]
