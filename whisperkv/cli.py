@@ -35,8 +35,12 @@ from whisperkv.cli_options import (
 from whisperkv.errors import WhisperKVError
 from whisperkv.explain import command as explain_command
 from whisperkv.options_check import OptionError, check_transcribe_options
+from whisperkv.serve.command import add_serve_parser, cmd_serve
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "batch", "explain", "encoder-worker")
+COMMANDS = (
+    *("transcribe", "verify", "inspect", "convert", "models"),
+    *("batch", "explain", "encoder-worker", "serve"),
+)
 
 
 def _error(message: str) -> None:
@@ -259,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch_command.add_parser(sub)
     explain_command.add_parser(sub)
     boundary_command.add_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -276,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batch": batch_command.run,
         "explain": explain_command.run,
         "encoder-worker": boundary_command.run,
+        "serve": cmd_serve,
     }[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line, without the source path; restored on exit
