@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import torch
@@ -39,6 +40,20 @@ def _new_dir(parent: Path) -> Path:
             continue
 
 
+def _umask_files(directory: Path) -> None:
+    """Give every file in ``directory`` the mode a new file gets there (safetensors writes 0o600).
+
+    The mode is read off a probe file, so the process-wide umask is never changed (threads are safe).
+    """
+    probe = _new_file(directory, ".probe")
+    try:
+        mode = stat.S_IMODE(probe.stat().st_mode)
+    finally:
+        probe.unlink()
+    for path in directory.iterdir():
+        os.chmod(path, mode)
+
+
 def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = "float32") -> Path:
     """Write ``source`` to ``destination`` in ``fmt`` ("pt" or "safetensors"); returns the output path.
 
@@ -66,6 +81,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = 
         tmp_dir = _new_dir(destination.parent)
         try:
             save_huggingface(ckpt, tmp_dir, torch_dtype)
+            _umask_files(tmp_dir)
             if destination.exists():
                 destination.rmdir()
             os.replace(tmp_dir, destination)
