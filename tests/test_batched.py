@@ -38,9 +38,19 @@ def test_chunks_are_short_and_cover_the_speech(joined):
     assert all(a.end <= b.start for a, b in zip(chunks, chunks[1:]))
 
 
-def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined, monkeypatch):
+@pytest.mark.parametrize(
+    "compute_type, logprob_atol",
+    # int8: the batch changes the int8 GEMMs' shapes and so their last bits; the tokens must not change.
+    # Measured |Δ avg_logprob| per chunk: float32 1.3e-07 and 4.4e-08, int8 3.7e-04 and 6.4e-03.
+    [("float32", 1e-5), ("int8", 0.02)],
+)
+def test_batched_decode_equals_one_window_at_a_time(
+    tiny_model, int8_model, joined, monkeypatch, compute_type, logprob_atol
+):
+    """Chunks encoded and decoded together vs each chunk encoded alone and decoded alone."""
     from whisperkv.cache.kv import DecoderCache
 
+    model = tiny_model if compute_type == "float32" else int8_model
     kept: list[int] = []  # finished rows are dropped from the batch on the way: make sure that ran
     keep_rows = DecoderCache.keep_rows
     monkeypatch.setattr(
@@ -50,15 +60,16 @@ def test_batched_decode_equals_one_window_at_a_time(tiny_model, joined, monkeypa
     mels = torch.stack(
         [log_mel_spectrogram(joined[c.start : c.end], 80, padding=N_SAMPLES)[:, :N_FRAMES] for c in chunks]
     )
-    features = tiny_model.embed_audio(mels)
     options = DecodingOptions(language="en", without_timestamps=True)
-    tokenizer = tiny_model.tokenizer
-    cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mels))
-    together = decode_windows(tiny_model, tokenizer, features, options, cross)
+    tokenizer = model.tokenizer
+    features = model.embed_audio(mels)
+    cross = model.decoder.project_cross_kv(features, model.encoder_provenance(mels))
+    together = decode_windows(model, tokenizer, features, options, cross)
     for k in range(len(chunks)):
-        alone = decode_window(tiny_model, tokenizer, features[k : k + 1], options)
+        alone = decode_window(model, tokenizer, model.embed_audio(mels[k : k + 1]), options)
         assert together[k].tokens == alone.tokens, f"chunk {k}"
-        assert together[k].avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-5)
+        assert len(alone.tokens) > 10
+        assert together[k].avg_logprob == pytest.approx(alone.avg_logprob, abs=logprob_atol)
     assert kept and kept[-1] < len(chunks)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -15,7 +17,8 @@ from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.errors import CacheReuseError
 from whisperkv.inspect import inspect_caches
-from whisperkv.verify import verify_file
+from whisperkv.model.decoder import TextDecoder
+from whisperkv.verify import FALLBACK_BEST_OF, FALLBACK_TEMPERATURE, verify_file
 
 from .conftest import SPEECH_DIR, clip_path, english_clips
 
@@ -107,7 +110,28 @@ def test_cached_path_equals_reference_twin(tiny_model, speech_dir, beam_size, na
         assert report["identical"], report
         assert set(report["paths"]) == {"cached", "fallback_reuse", "alignment_reuse"}
         assert report["paths"]["cached"]["max_abs_logit_diff"] < 1e-3
-        assert report["cache"]["hits"], "the retry must have been served from the store"
+        # the fallback path really retried, sampling at the higher temperature, on the stored window
+        assert report["paths"]["fallback_reuse"]["temperature"] == FALLBACK_TEMPERATURE
+        hits = report["cache"]["hits"]
+        assert any(h.startswith(f"fallback retry at temperature {FALLBACK_TEMPERATURE}") for h in hits), hits
+
+
+def test_sampled_fallback_depends_on_the_random_state(tiny_model, jfk):
+    """What makes verify's fallback comparison meaningful: at the retry temperature the same random state
+    draws the same tokens and another state other tokens, so identical tokens mean the same draws."""
+    mel, _, _ = _window(tiny_model, jfk, 0, 11)
+    features = tiny_model.embed_audio(mel[None])
+    options = DecodingOptions(
+        language="en", temperature=FALLBACK_TEMPERATURE, best_of=FALLBACK_BEST_OF, sample_len=24
+    )
+
+    def sample(seed: int) -> list[int]:
+        torch.manual_seed(seed)
+        return decode_window(tiny_model, tiny_model.tokenizer, features, options).tokens
+
+    first = sample(0)
+    assert sample(0) == first
+    assert any(sample(seed) != first for seed in range(1, 6))
 
 
 def test_overlapping_windows_have_different_encoder_outputs(tiny_model, long_audio):
@@ -215,3 +239,55 @@ def test_transcribe_reports_cache_section(tiny_model, jfk):
     assert cache["self_kv_bytes"] == 2 * 4 * t * 384 * 4
     assert cache["cross_kv_bytes"] == 2 * 4 * 1500 * 384 * 4
     assert cache["reuse"]["misses"] == 1 and cache["reuse"]["refusals"] == []
+
+
+def _live(refs: list[weakref.ref]) -> list[str]:
+    return [repr(r) for r in refs if r() is not None]
+
+
+def test_a_windows_caches_die_with_it_without_the_garbage_collector(tiny_model, jfk, monkeypatch):
+    """No reference cycle holds a cache: with the garbage collector off, reference counting alone must
+    free a window's Self-KV when its decode returns, and every Cross-KV when the transcription returns."""
+    self_refs: list[weakref.ref] = []
+    cross_refs: list[weakref.ref] = []
+    new_cache, project = TextDecoder.new_cache, TextDecoder.project_cross_kv
+
+    def recording_new_cache(self, *args, **kwargs):
+        cache = new_cache(self, *args, **kwargs)
+        self_refs.append(weakref.ref(cache))
+        self_refs.extend(weakref.ref(kv._key) for kv in cache.self_kv)
+        return cache
+
+    def recording_project(self, *args, **kwargs):
+        cross = project(self, *args, **kwargs)
+        cross_refs.extend(weakref.ref(t) for kv in cross for t in (kv, kv.key, kv.value))
+        return cross
+
+    monkeypatch.setattr(TextDecoder, "new_cache", recording_new_cache)
+    monkeypatch.setattr(TextDecoder, "project_cross_kv", recording_project)
+    mel, s, e = _window(tiny_model, jfk, 0, 11)
+    gc.collect()
+    gc.disable()
+    try:
+        features = tiny_model.embed_audio(mel[None])
+        cross = tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None], s, e))
+        decode_window(tiny_model, tiny_model.tokenizer, features, DecodingOptions(language="en"), cross)
+        assert len(self_refs) == 5 and not _live(self_refs), "a window's Self-KV outlived its decode"
+        del cross
+        assert not _live(cross_refs)
+
+        result = tiny_model.transcribe(jfk, temperature=0.0)
+        assert result["text"].strip() and len(self_refs) > 5 and len(cross_refs) > 12
+        assert not _live(self_refs + cross_refs), "caches outlived the transcription"
+
+        # the check can fail: a cache held in a reference cycle stays alive until the collector runs
+        provenance = tiny_model.encoder_provenance(mel[None], s, e)
+        cache = tiny_model.decoder.new_cache(tiny_model.decoder.project_cross_kv(features, provenance))
+        cache.self_kv[0].back_reference = cache
+        cycled = weakref.ref(cache)
+        del cache
+        assert cycled() is not None
+    finally:
+        gc.enable()
+    gc.collect()
+    assert cycled() is None

@@ -3,8 +3,10 @@
 For each 30 s window of the file, decode with:
 * ``twin``            — no cache at all: the whole prefix and the cross projections recomputed every step;
 * ``cached``          — the normal path: Self-KV grown in place, Cross-KV projected once;
-* ``fallback_reuse``  — a second decode of the same window served from the cache store (encoder
-                        output and Cross-KV reused, as a temperature-fallback retry does);
+* ``fallback_reuse``  — the real temperature fallback (``decode_with_fallback``), forced to retry at
+                        ``FALLBACK_TEMPERATURE`` with ``best_of`` samples on the window served from the
+                        cache store (encoder output and Cross-KV reused), against the twin sampling at
+                        that temperature from the same random-number state;
 * ``alignment_reuse`` — the teacher-forced pass word timing runs, on the reused Cross-KV;
 * ``language_reuse``  — (multilingual) language detection on the stored encoder output vs a fresh one.
 * ``sealed_remote``   — (``--encoder_url``) the Cross-KV opened from a worker's sealed answer vs local.
@@ -24,9 +26,20 @@ from whisperkv.cache.store import CacheStore, WindowEncoder
 from whisperkv.decoding.decode import decode_window, initial_tokens
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.transcribe import decode_with_fallback
 
 if TYPE_CHECKING:
+    from whisperkv.cache.store import EncodedWindow
     from whisperkv.model.whisper import Whisper
+    from whisperkv.tokenizer import Tokenizer
+
+#: the retry temperature verify forces, and the samples drawn at it (one: the twin recomputes every
+#: prefix at every step, for each sample; several samples per retry are checked against openai-whisper
+#: by tests/test_parity.py)
+FALLBACK_TEMPERATURE = 0.4
+FALLBACK_BEST_OF = 1
+#: the random-number state both sides of the fallback comparison start from
+FALLBACK_SEED = 0
 
 
 def compare(reference: DecodingResult, candidate: DecodingResult) -> dict:
@@ -53,6 +66,39 @@ def compare(reference: DecodingResult, candidate: DecodingResult) -> dict:
     return out
 
 
+def verify_fallback(
+    model: Whisper, tokenizer: Tokenizer, window: EncodedWindow, options: DecodingOptions, store: CacheStore
+) -> dict:
+    """Force one temperature-fallback retry through the transcription's own fallback code, compare it
+    with the twin sampling at the same temperature from the same random-number state.
+
+    A log-probability threshold no result can reach makes the greedy (or beam) first try fail, so the
+    retry at ``FALLBACK_TEMPERATURE`` runs on the stored encoder output and Cross-KV. The caller's
+    random-number state is left as it was.
+    """
+    base = replace(options, best_of=FALLBACK_BEST_OF)
+    retries_before = sum(hit.startswith("fallback retry") for hit in store.hits)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(FALLBACK_SEED)
+        retried = decode_with_fallback(
+            model, tokenizer, window, [0.0, FALLBACK_TEMPERATURE], base, None, float("inf"), None, store
+        )
+        torch.manual_seed(FALLBACK_SEED)  # the greedy first try drew nothing: the retry started here too
+        twin_options = replace(
+            base, temperature=FALLBACK_TEMPERATURE, beam_size=None, patience=None, use_cache=False
+        )
+        twin = decode_window(model, tokenizer, window.audio_features, twin_options)
+    report = compare(twin, retried)
+    retries = sum(hit.startswith("fallback retry") for hit in store.hits) - retries_before
+    report["identical"] = report["identical"] and retried.temperature == FALLBACK_TEMPERATURE and retries == 1
+    report["temperature"] = retried.temperature
+    report["detail"] = (
+        f"retry at temperature {retried.temperature} (best_of {FALLBACK_BEST_OF}, seed {FALLBACK_SEED}) "
+        "vs the twin sampling from the same state"
+    )
+    return report
+
+
 def verify_file(model: Whisper, path: str, beam_size: int | None = None, language: str | None = None) -> dict:
     audio = load_audio(path)
     mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
@@ -65,7 +111,7 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         have["identical"] = have["identical"] and report["identical"]
         have["tokens"] += report["tokens"]
         have["max_abs_logit_diff"] = max(have["max_abs_logit_diff"], report["max_abs_logit_diff"])
-        for key in ("first_divergent_step", "reference_margin"):
+        for key in ("first_divergent_step", "reference_margin", "temperature", "detail"):
             if key in report and key not in have:
                 have[key] = report[key]
 
@@ -96,9 +142,8 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
         cached_seconds += time.perf_counter() - start
         merge("cached", compare(twin, cached))
 
-        again = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "fallback retry")
-        reused = decode_window(model, tokenizer, again.audio_features, options, cross_kv=again.cross_kv)
-        report = compare(twin, reused)
+        again = store.encode(model, segment, seek * HOP_LENGTH, (seek + size) * HOP_LENGTH, "same window")
+        report = verify_fallback(model, tokenizer, again, options, store)
         report["identical"] = report["identical"] and again is window
         merge("fallback_reuse", report)
 
