@@ -15,8 +15,9 @@ import warnings
 from collections.abc import Sequence
 
 from whisperkv.errors import WhisperKVError
+from whisperkv.stream import command as stream_command
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "stream")
 
 
 def _str2bool(value: str) -> bool:
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parser(sub)
     _convert_parser(sub)
     sub.add_parser("models", help="list models available offline")
+    stream_command.add_parser(sub)
     return parser
 
 
@@ -301,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": cmd_inspect,
         "convert": cmd_convert,
         "models": cmd_models,
+        "stream": stream_command.run,
     }[args.command]
     try:
         return handler(args)
