@@ -9,6 +9,7 @@ installed (about 5x faster per frame on this CPU than the TorchScript one, which
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +28,12 @@ class SpeechBoundary:
 def load_vad_model():
     from silero_vad import load_silero_vad
 
-    try:
-        return load_silero_vad(onnx=True)
-    except ImportError:  # onnxruntime missing: the TorchScript model ships with the package too
-        return load_silero_vad()
+    with warnings.catch_warnings():  # silero-vad 6 locates its model with a deprecated importlib call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return load_silero_vad(onnx=True)
+        except ImportError:  # onnxruntime missing: the TorchScript model ships with the package too
+            return load_silero_vad()
 
 
 class SpeechDetector:
@@ -41,7 +44,7 @@ class SpeechDetector:
         model=None,
         threshold: float = 0.5,
         min_silence_ms: int = 500,
-        speech_pad_ms: int = 100,
+        speech_pad_ms: int = 300,
     ) -> None:
         from silero_vad import VADIterator
 
