@@ -120,3 +120,14 @@ def test_resampler_24k_keeps_a_tone_and_the_duration():
     assert abs(len(out) - 16000) <= 32
     spectrum = np.abs(np.fft.rfft(out[:16000]))
     assert abs(int(np.argmax(spectrum)) * SR / 16000 - 440) <= 2
+
+
+def test_vad_leaves_torch_threads_alone_and_hears_no_speech_in_silence():
+    import torch
+
+    from whisperkv.stream.vad import SpeechDetector
+
+    threads = torch.get_num_threads()
+    detector = SpeechDetector()
+    assert torch.get_num_threads() == threads  # silero-vad's import would set it to 1
+    assert detector.process(np.zeros(3 * SR, dtype=np.float32)) == []  # silence: no boundary

@@ -25,9 +25,18 @@ class SpeechBoundary:
     sample: int  # absolute sample index in the stream
 
 
-def load_vad_model():
-    from silero_vad import load_silero_vad
+def silero():
+    """The silero_vad module. Importing it sets torch's thread count to 1 for the whole process (its
+    model.py does so), which would halve the decoder's speed on two cores: the count is put back."""
+    threads = torch.get_num_threads()
+    import silero_vad
 
+    torch.set_num_threads(threads)
+    return silero_vad
+
+
+def load_vad_model():
+    load_silero_vad = silero().load_silero_vad
     with warnings.catch_warnings():  # silero-vad 6 locates its model with a deprecated importlib call
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
@@ -46,9 +55,7 @@ class SpeechDetector:
         min_silence_ms: int = 500,
         speech_pad_ms: int = 300,
     ) -> None:
-        from silero_vad import VADIterator
-
-        self.iterator = VADIterator(
+        self.iterator = silero().VADIterator(
             model if model is not None else load_vad_model(),
             threshold=threshold,
             sampling_rate=SAMPLE_RATE,
