@@ -100,6 +100,30 @@ class StreamingSession:
             return self._close(self.received)
         return self._commit(self.agreement.flush())
 
+    @property
+    def has_speech(self) -> bool:
+        """Whether audio of an unfinished utterance is waiting (what a client's commit would close)."""
+        return self.in_speech and (
+            self.received - self.buffer_start >= self.min_audio // 5 or bool(self.utterance)
+        )
+
+    def commit(self) -> list[Event]:
+        """Close the current utterance now, as a client's commit asks: what was heard is committed."""
+        events = self._close(self.received) if self.in_speech else []
+        if self.vad is not None:
+            self.vad.reset()
+        return events
+
+    def clear(self) -> None:
+        """Drop the audio not yet committed (committed text stays, it is never retracted)."""
+        self.buffer_start = self.received
+        self.agreement.previous = []
+        self.decoded = None
+        self.utterance = []
+        if self.vad is not None:
+            self.vad.reset()
+            self.in_speech = False
+
     def committed_text(self) -> str:
         return self.agreement.committed_text()
 
@@ -135,8 +159,11 @@ class StreamingSession:
             events += self._commit(self.agreement.flush(self._decode(end).words))
         else:
             events += self._commit(self.agreement.flush())
-        if self.utterance:
-            events.append(Event.of_words("utterance_end", self.utterance, self.now))
+        text = join_words(self.utterance)
+        events.append(
+            Event("utterance_end", text, self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE, self.now)
+        )
+        events[-1].words = self.utterance
         self.utterance = []
         self.buffer_start = max(end, self.buffer_start)
         self.decoded = None

@@ -1,0 +1,176 @@
+"""The Realtime transcription WebSocket against a real server on 127.0.0.1, with the websockets client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from whisperkv.audio import load_audio
+from whisperkv.metrics import wer
+
+websockets = pytest.importorskip("websockets")
+uvicorn = pytest.importorskip("uvicorn")
+
+JFK_TEXT = (
+    "And so my fellow Americans, ask not what your country can do for you, "
+    "ask what you can do for your country."
+)
+EVENT_TIMEOUT = 120  # seconds for any one server event (a loaded 2-core machine)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def realtime_app(model):
+    from fastapi import FastAPI
+
+    from whisperkv.serve.realtime import router
+
+    app = FastAPI()
+    app.include_router(router)
+    app.state.model = model
+    return app
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    port = free_port()
+    # no keepalive pings: client and server share this process, and a decode may hold the GIL for a while
+    config = uvicorn.Config(
+        realtime_app(tiny_model), host="127.0.0.1", port=port, log_level="warning", ws_ping_interval=None
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription"
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def pcm_b64(samples: np.ndarray) -> str:
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def next_event(ws) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), EVENT_TIMEOUT))
+
+
+async def until(ws, kind: str, seen: list[dict], limit: int = 500) -> dict:
+    for _ in range(limit):
+        event = await next_event(ws)
+        seen.append(event)
+        if event["type"] == kind:
+            return event
+    raise AssertionError(f"no {kind} in {limit} events")
+
+
+@pytest.fixture(scope="module")
+def jfk(speech_dir) -> np.ndarray:
+    return load_audio(speech_dir / "en/jfk.flac")
+
+
+def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server, jfk):
+    audio_24k = np.interp(np.arange(0, len(jfk), 2 / 3), np.arange(len(jfk)), jfk).astype(np.float32)
+    audio_24k = np.concatenate(
+        [audio_24k, np.zeros(36000, np.float32)]
+    )  # 1.5 s of silence closes the utterance
+
+    async def talk() -> list[dict]:
+        seen: list[dict] = []
+        async with websockets.connect(server, max_size=None, ping_interval=None) as ws:
+            assert (await next_event(ws))["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+            updated = await next_event(ws)
+            assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            bad = [
+                json.dumps({"type": "input_audio_buffer.append", "audio": "%%% not base64"}),
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}
+                ),
+                json.dumps({"type": "no.such.event"}),
+                "{not json",
+                b"\x00\x01",
+                json.dumps(
+                    {"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 8000}}}}}
+                ),
+            ]
+            for frame in bad:
+                await ws.send(frame)
+                error = await next_event(ws)
+                assert error["type"] == "error" and error["error"]["message"]
+            piece = 12000  # 0.5 s
+            for i in range(0, len(audio_24k), piece):
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": pcm_b64(audio_24k[i : i + piece])}
+                    )
+                )
+            # events are handled in order: the answer to this marker comes after every append's events
+            await ws.send(json.dumps({"type": "marker.after.audio"}))
+            await until(ws, "error", seen)
+        return seen
+
+    seen = asyncio.run(talk())
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
+    completed = [e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    transcript = " ".join(e["transcript"] for e in completed)
+    assert wer(JFK_TEXT, transcript) <= 0.25
+    for item in completed:  # each utterance's deltas add up to its transcript
+        deltas = [
+            e["delta"] for e in seen if e.get("item_id") == item["item_id"] and e["type"].endswith(".delta")
+        ]
+        assert "".join(deltas) == item["transcript"]
+
+
+def test_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
+    async def talk() -> list[dict]:
+        seen: list[dict] = []
+        async with websockets.connect(server, max_size=None, ping_interval=None) as ws:
+            await next_event(ws)
+            update = {
+                "type": "session.update",
+                "session": {
+                    "type": "transcription",
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}
+                    },
+                },
+            }
+            await ws.send(json.dumps(update))
+            assert (await next_event(ws))["session"]["audio"]["input"]["turn_detection"] is None
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            assert (await next_event(ws))["error"]["code"] == "input_audio_buffer_commit_empty"
+            for i in range(0, 3 * 16000, 8000):
+                await ws.send(
+                    json.dumps({"type": "input_audio_buffer.append", "audio": pcm_b64(jfk[i : i + 8000])})
+                )
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await until(ws, "conversation.item.input_audio_transcription.completed", seen)
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            await until(ws, "input_audio_buffer.cleared", seen)
+        return seen
+
+    seen = asyncio.run(talk())
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.committed" in kinds
+    assert kinds.index("input_audio_buffer.committed") < kinds.index(
+        "conversation.item.input_audio_transcription.completed"
+    )
+    completed = next(e for e in seen if e["type"].endswith(".completed"))
+    assert "fellow americans" in completed["transcript"].lower()
