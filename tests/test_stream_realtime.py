@@ -138,39 +138,42 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
         assert "".join(deltas) == item["transcript"]
 
 
-def test_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
-    async def talk() -> list[dict]:
-        seen: list[dict] = []
-        async with websockets.connect(server, max_size=None, ping_interval=None) as ws:
-            await next_event(ws)
-            update = {
-                "type": "session.update",
-                "session": {
-                    "type": "transcription",
-                    "audio": {
-                        "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}
-                    },
-                },
-            }
-            await ws.send(json.dumps(update))
-            assert (await next_event(ws))["session"]["audio"]["input"]["turn_detection"] is None
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            assert (await next_event(ws))["error"]["code"] == "input_audio_buffer_commit_empty"
-            for i in range(0, 3 * 16000, 8000):
-                await ws.send(
-                    json.dumps({"type": "input_audio_buffer.append", "audio": pcm_b64(jfk[i : i + 8000])})
-                )
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await until(ws, "conversation.item.input_audio_transcription.completed", seen)
-            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
-            await until(ws, "input_audio_buffer.cleared", seen)
-        return seen
-
-    seen = asyncio.run(talk())
-    kinds = [e["type"] for e in seen]
-    assert "input_audio_buffer.committed" in kinds
-    assert kinds.index("input_audio_buffer.committed") < kinds.index(
-        "conversation.item.input_audio_transcription.completed"
+def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
+    """The official client's realtime connection, pointed at the local server, in manual-commit mode."""
+    openai = pytest.importorskip("openai")
+    base = server.split("/v1/")[0]
+    client = openai.OpenAI(
+        api_key="unused", base_url=base.replace("ws://", "http://") + "/v1", websocket_base_url=base + "/v1"
     )
-    completed = next(e for e in seen if e["type"].endswith(".completed"))
-    assert "fellow americans" in completed["transcript"].lower()
+    seen = []
+    with client.realtime.connect(
+        extra_query={"intent": "transcription"}, websocket_connection_options={"ping_interval": None}
+    ) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(
+            session={
+                "type": "transcription",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}},
+            }
+        )
+        assert conn.recv().session.audio.input.turn_detection is None
+        conn.input_audio_buffer.commit()
+        assert conn.recv().error.code == "input_audio_buffer_commit_empty"
+        for i in range(0, 3 * 16000, 8000):
+            conn.input_audio_buffer.append(audio=pcm_b64(jfk[i : i + 8000]))
+        conn.input_audio_buffer.commit()
+        for _ in range(200):
+            event = conn.recv()
+            seen.append(event)
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                break
+        conn.input_audio_buffer.clear()
+        assert conn.recv().type == "input_audio_buffer.cleared"
+    kinds = [e.type for e in seen]
+    assert "input_audio_buffer.committed" in kinds
+    completed = seen[-1]
+    assert completed.type == "conversation.item.input_audio_transcription.completed"
+    assert kinds.index("input_audio_buffer.committed") < len(kinds) - 1
+    assert "fellow americans" in completed.transcript.lower()
+    deltas = [e.delta for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert "".join(deltas) == completed.transcript
