@@ -145,6 +145,7 @@ def main() -> int:
         f"{'file':<34} {'path':<8} {'WER':>6} {'compute/s':>9} {'lat mean':>8} {'lat p95':>8} {'enc/upd':>9}"
     )
     lines = [header, "-" * len(header)]
+    print(header, flush=True)
     for row in rows:
         audio = load_audio(SPEECH / row["file"])
         if args.seconds:
@@ -152,19 +153,23 @@ def main() -> int:
         reference = row["reference"] if not args.seconds else None
         duration = len(audio) / SR
         audio_seconds += duration
+        name = Path(row["file"]).name[:34]
         t0 = time.perf_counter()
         offline = model.transcribe(audio)["text"]
-        offline_s = time.perf_counter() - t0
-        runs = {"offline": {"text": offline, "compute": offline_s}}
-        runs["valid"] = stream(model, audio, args.chunk, False, args.simulate_compute)
-        if not args.no_naive:
-            runs["naive"] = stream(model, audio, args.chunk, True, args.simulate_compute)
-            d, s = differing_updates(model, runs["naive"]["record"])
-            differ, stale, updates = differ + d, stale + s, updates + runs["naive"]["updates"]
-        latencies += runs["valid"]["latencies"]
-        name = Path(row["file"]).name[:34]
-        for path, run in runs.items():
-            ref = reference if reference is not None else offline  # a cut file: offline text is the reference
+        offline_run = {"text": offline, "compute": time.perf_counter() - t0}
+        ref = reference if reference is not None else offline  # a cut file: offline text is the reference
+        for path in ("offline", "valid", "naive"):
+            if path == "offline":
+                run = offline_run
+            elif path == "valid":
+                run = stream(model, audio, args.chunk, False, args.simulate_compute)
+                latencies += run["latencies"]
+            elif args.no_naive:
+                continue
+            else:
+                run = stream(model, audio, args.chunk, True, args.simulate_compute)
+                d, s = differing_updates(model, run["record"])
+                differ, stale, updates = differ + d, stale + s, updates + run["updates"]
             errors, words = word_errors(ref, run["text"])
             totals[path][0] += errors
             totals[path][1] += words
@@ -179,7 +184,7 @@ def main() -> int:
             lines.append(
                 f"{name:<34} {path:<8} {errors / words:>6.1%} {run['compute'] / duration:>9.3f} {cells}"
             )
-        print("\n".join(lines[-len(runs) :]), flush=True)
+            print(lines[-1], f"(load average {os.getloadavg()[0]:.1f})", flush=True)
     wers = {k: e / max(w, 1) for k, (e, w) in totals.items()}
     ref_kind = (
         "manifest references (concatenated clip texts)" if not args.seconds else "offline transcribe() text"
