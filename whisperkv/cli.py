@@ -15,9 +15,10 @@ import warnings
 from collections.abc import Sequence
 
 from whisperkv.errors import WhisperKVError
+from whisperkv.serve.command import add_serve_parser, cmd_serve
 from whisperkv.stream import command as stream_command
 
-COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "stream")
+COMMANDS = ("transcribe", "verify", "inspect", "convert", "models", "serve", "stream")
 
 
 def _str2bool(value: str) -> bool:
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parser(sub)
     _convert_parser(sub)
     sub.add_parser("models", help="list models available offline")
+    add_serve_parser(sub)
     stream_command.add_parser(sub)
     return parser
 
@@ -303,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": cmd_inspect,
         "convert": cmd_convert,
         "models": cmd_models,
+        "serve": cmd_serve,
         "stream": stream_command.run,
     }[args.command]
     try:

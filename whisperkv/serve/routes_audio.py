@@ -1,0 +1,120 @@
+"""POST /v1/audio/transcriptions and /v1/audio/translations: form -> decoded audio -> scheduler job -> answer.
+
+The request is checked completely (key, fields, model, audio) before a job is submitted, so a bad request
+never reaches the scheduler. A full queue is a 429 with ``Retry-After``; a server that is shutting down
+answers 503; a client that disconnects cancels its job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response, StreamingResponse
+
+from whisperkv import errors as engine_errors
+from whisperkv.audio import SAMPLE_RATE
+from whisperkv.errors import AudioError
+from whisperkv.serve.auth import require_api_key
+from whisperkv.serve.errors import APIError, error_body
+from whisperkv.serve.jobs import ClientDisconnected, iterate_segments, wait_for_result
+from whisperkv.serve.request import parse_audio_request
+from whisperkv.serve.responses import delta_event, done_event, error_event, format_result
+from whisperkv.serve.upload import decode_upload
+
+router = APIRouter(prefix="/v1/audio", dependencies=[Depends(require_api_key)])
+
+#: form limits besides the byte cap: one file, a bounded number of fields
+MAX_FORM_FIELDS = 64
+
+
+def _refuse_if_shutting_down(request: Request) -> None:
+    if request.app.state.lifecycle.shutting_down:
+        raise APIError(503, "the server is shutting down; retry on another instance", code="shutting_down")
+
+
+def _submit(request: Request, audio, options: dict):
+    scheduler = request.app.state.scheduler
+    request_id = f"req-{uuid.uuid4().hex}"
+    try:
+        return scheduler.submit(audio, options, request_id=request_id)
+    except engine_errors.WhisperKVError as err:
+        raise _engine_error(request, err) from None
+    except ValueError as err:
+        raise APIError(400, str(err)) from None
+
+
+def _engine_error(request: Request, err: Exception) -> APIError:
+    queue_full = getattr(engine_errors, "QueueFullError", ())
+    shutting_down = getattr(engine_errors, "ShuttingDownError", ())
+    if queue_full and isinstance(err, queue_full):
+        retry = str(request.app.state.settings.retry_after_s)
+        return APIError(429, f"the queue is full: {err}", code="queue_full", headers={"Retry-After": retry})
+    if shutting_down and isinstance(err, shutting_down):
+        return APIError(503, "the server is shutting down; retry on another instance", code="shutting_down")
+    if isinstance(err, AudioError):
+        return APIError(400, f"bad audio: {err.reason}", param="file", code="invalid_audio")
+    return APIError(400, str(err))
+
+
+async def _handle(request: Request, task: str) -> Response:
+    _refuse_if_shutting_down(request)
+    settings = request.app.state.settings
+    model = request.app.state.model
+    async with request.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:
+        parsed = parse_audio_request(
+            form,
+            task=task,
+            served_names=settings.served_names,
+            multilingual=model.is_multilingual,
+            hotwords_supported=request.app.state.hotwords_supported,
+        )
+        waveform = await run_in_threadpool(decode_upload, parsed.upload, settings.max_upload_bytes)
+    _refuse_if_shutting_down(request)
+    handle = _submit(request, waveform, parsed.options)
+    duration = len(waveform) / SAMPLE_RATE
+    del waveform  # the job holds what it needs
+    if parsed.stream:
+        return StreamingResponse(_events(request, handle), media_type="text/event-stream")
+    try:
+        result = await wait_for_result(handle, request.receive)
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; counted in the metrics as a hang-up
+    except engine_errors.WhisperKVError as err:
+        raise _engine_error(request, err) from None
+    except ValueError as err:
+        raise APIError(400, str(err)) from None
+    return format_result(result, parsed, duration)
+
+
+async def _events(request: Request, handle) -> AsyncIterator[bytes]:
+    """``transcript.text.delta`` per finished segment, then ``transcript.text.done`` (or an error event)."""
+    try:
+        async for segment in iterate_segments(handle):
+            yield delta_event(segment)
+        try:
+            result = await wait_for_result(handle, None)  # Starlette watches the client while streaming
+        except (engine_errors.WhisperKVError, ValueError) as err:
+            api_error = _engine_error(request, err)
+            yield error_event(
+                error_body(api_error.status, api_error.message, api_error.param, api_error.code)
+            )
+            return
+        yield done_event(result)
+    finally:
+        if not handle.done:
+            handle.cancel()  # the client went away mid-stream (Starlette cancelled this generator)
+
+
+@router.post("/transcriptions")
+async def transcriptions(request: Request) -> Response:
+    """OpenAI's ``audio.transcriptions.create``."""
+    return await _handle(request, "transcribe")
+
+
+@router.post("/translations")
+async def translations(request: Request) -> Response:
+    """OpenAI's ``audio.translations.create``: any language in, English text out."""
+    return await _handle(request, "translate")
