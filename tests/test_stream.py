@@ -96,6 +96,7 @@ def test_stdin_stream_json_events_flush_and_reuse_summary(jfk, monkeypatch, caps
     assert summary["encodes"] <= summary["updates"]
 
 
+@pytest.mark.slow  # the file path differs from stdin only in its source; the default run covers stdin
 def test_file_stream_plain_text_matches_the_speech(speech_dir, monkeypatch, capsys):
     code, lines, err = run_cli(
         ["stream", str(speech_dir / JFK), "--chunk", "2", "--simulate_compute", "0.5"], monkeypatch, capsys

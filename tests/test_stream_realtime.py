@@ -22,7 +22,9 @@ JFK_TEXT = (
     "And so my fellow Americans, ask not what your country can do for you, "
     "ask what you can do for your country."
 )
+API_KEY = "stream-test-key"
 EVENT_TIMEOUT = 120  # seconds for any one server event (a loaded 2-core machine)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def free_port() -> int:
@@ -31,24 +33,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def realtime_app(model):
-    from fastapi import FastAPI
+def serve_app(model):
+    """The server's own app (``create_app``) with the engine's Scheduler and an API key."""
+    from whisperkv.engine import Scheduler
+    from whisperkv.serve import ServeSettings, create_app
 
-    from whisperkv.serve.realtime import router
-
-    app = FastAPI()
-    app.include_router(router)
-    app.state.model = model
-    return app
+    return create_app(model, Scheduler(model), ServeSettings(model_name="tiny.en", api_key=API_KEY))
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):
+def app(tiny_model):
+    return serve_app(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def server(app):
     port = free_port()
     # no keepalive pings: client and server share this process, and a decode may hold the GIL for a while
-    config = uvicorn.Config(
-        realtime_app(tiny_model), host="127.0.0.1", port=port, log_level="warning", ws_ping_interval=None
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_ping_interval=None)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -58,7 +60,8 @@ def server(tiny_model):
     assert srv.started
     yield f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription"
     srv.should_exit = True
-    thread.join(timeout=30)
+    thread.join(timeout=120)
+    assert not thread.is_alive()
 
 
 def pcm_b64(samples: np.ndarray) -> str:
@@ -83,7 +86,7 @@ def jfk(speech_dir) -> np.ndarray:
     return load_audio(speech_dir / "en/jfk.flac")
 
 
-def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server, jfk):
+def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server, app, jfk):
     audio_24k = np.interp(np.arange(0, len(jfk), 2 / 3), np.arange(len(jfk)), jfk).astype(np.float32)
     audio_24k = np.concatenate(
         [audio_24k, np.zeros(36000, np.float32)]
@@ -91,7 +94,9 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
 
     async def talk() -> list[dict]:
         seen: list[dict] = []
-        async with websockets.connect(server, max_size=None, ping_interval=None) as ws:
+        async with websockets.connect(
+            server, max_size=None, ping_interval=None, additional_headers=AUTH
+        ) as ws:
             assert (await next_event(ws))["type"] == "session.created"
             await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
             updated = await next_event(ws)
@@ -124,7 +129,9 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
             await until(ws, "error", seen)
         return seen
 
+    steps_before = app.state.scheduler.stats()["steps_total"]
     seen = asyncio.run(talk())
+    assert app.state.scheduler.stats()["steps_total"] > steps_before  # decoded by the server's scheduler
     kinds = [e["type"] for e in seen]
     assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
     assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
@@ -143,7 +150,7 @@ def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(se
     openai = pytest.importorskip("openai")
     base = server.split("/v1/")[0]
     client = openai.OpenAI(
-        api_key="unused", base_url=base.replace("ws://", "http://") + "/v1", websocket_base_url=base + "/v1"
+        api_key=API_KEY, base_url=base.replace("ws://", "http://") + "/v1", websocket_base_url=base + "/v1"
     )
     seen = []
     with client.realtime.connect(
@@ -177,3 +184,17 @@ def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(se
     assert "fellow americans" in completed.transcript.lower()
     deltas = [e.delta for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
     assert "".join(deltas) == completed.transcript
+
+
+def test_missing_key_and_wrong_intent_are_refused_with_an_error_event(server):
+    async def refused(url: str, headers: dict) -> tuple[dict, int]:
+        async with websockets.connect(url, ping_interval=None, additional_headers=headers) as ws:
+            event = await next_event(ws)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), EVENT_TIMEOUT)
+            return event, closed.value.rcvd.code
+
+    event, code = asyncio.run(refused(server, {}))
+    assert event["type"] == "error" and event["error"]["code"] == "invalid_api_key" and code == 1008
+    event, code = asyncio.run(refused(server.replace("intent=transcription", "intent=conversation"), AUTH))
+    assert event["error"]["code"] == "unsupported_intent" and code == 1008

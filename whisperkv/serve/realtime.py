@@ -23,12 +23,14 @@ import base64
 import binascii
 import itertools
 import json
+import secrets
 import uuid
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from whisperkv.errors import WhisperKVError
 from whisperkv.stream.events import Event
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
 from whisperkv.stream.pcm import PCMError, Resampler
@@ -139,6 +141,10 @@ class TranscriptionConnection:
                 await self.handle(event)
             except RealtimeError as err:
                 await self.send_error(err, event_id)
+            except WhisperKVError as err:  # the scheduler refused an update (queue full, shutting down)
+                await self.send_error(
+                    RealtimeError("server_busy", f"this update was not decoded: {err}"), event_id
+                )
 
     async def handle(self, event: dict) -> None:
         kind = event["type"]
@@ -279,16 +285,46 @@ def parse_event(text: str) -> dict:
     return event
 
 
+def refusal(websocket: WebSocket, intent: str | None) -> tuple[RealtimeError, int] | None:
+    """Why this connection may not start (and the close code), or None: the key, the state, the intent."""
+    settings = getattr(websocket.app.state, "settings", None)
+    expected = getattr(settings, "api_key", None)
+    if expected:
+        scheme, _, given = websocket.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):
+            return RealtimeError(
+                "invalid_api_key", "missing or incorrect API key: send 'Authorization: Bearer KEY'"
+            ), 1008
+    lifecycle = getattr(websocket.app.state, "lifecycle", None)
+    if lifecycle is not None and lifecycle.shutting_down:
+        return RealtimeError("shutting_down", "the server is shutting down; retry on another instance"), 1013
+    if intent != "transcription":
+        return RealtimeError(
+            "unsupported_intent", "only ?intent=transcription is served here", "intent"
+        ), 1008
+    return None
+
+
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, intent: str | None = None) -> None:
     await websocket.accept()
-    connection = TranscriptionConnection(websocket)
-    if intent != "transcription":
-        await connection.send_error(
-            RealtimeError("unsupported_intent", "only ?intent=transcription is served here", "intent")
+    refused = refusal(websocket, intent)
+    if refused is not None:
+        error, code = refused
+        payload = {
+            "type": "invalid_request_error",
+            "code": error.code,
+            "message": str(error),
+            "param": error.param,
+        }
+        await websocket.send_text(
+            json.dumps({"event_id": f"event_{uuid.uuid4().hex[:16]}", "type": "error", "error": payload})
         )
-        await websocket.close(code=1008)
+        await websocket.close(code=code)
         return
+    connection = TranscriptionConnection(websocket)
     try:
         await connection.run()
     except WebSocketDisconnect:

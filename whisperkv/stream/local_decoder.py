@@ -14,6 +14,7 @@ that encoded it, the stale encoder output and Cross-KV are reused without a chec
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ class LocalDecoder:
         *,
         temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
         naive_reuse: bool = False,
+        request_id: str | None = None,
     ) -> None:
         if model.is_multilingual and language is None:
             raise ValueError("streaming needs --language with a multilingual model (no detection per update)")
@@ -54,7 +56,8 @@ class LocalDecoder:
         self.tokenizer = model.tokenizer.with_options(language=language or "en", task="transcribe")
         self.temperatures = list(temperatures)
         self.naive_reuse = naive_reuse
-        self.store = CacheStore(max_entries=2)
+        # one stream is one request: its provenance records name it, and nothing it holds serves another
+        self.store = CacheStore(max_entries=2, request_id=request_id or f"stream-{uuid.uuid4().hex[:12]}")
         self.ledger = ReuseLedger(self.store)
         self.previous: EncodedWindow | None = None
         self.previous_was_fresh = False
@@ -71,7 +74,9 @@ class LocalDecoder:
         frames = min(N_FRAMES, source.content_frames)
         mel = pad_or_trim(source.mel(0, frames), N_FRAMES)[None].to(self.model.device, self.model.dtype)
         end_sample = start_sample + frames * HOP_LENGTH
-        requested = self.model.encoder_provenance(mel, start_sample, end_sample)
+        requested = replace(
+            self.model.encoder_provenance(mel, start_sample, end_sample), request_id=self.store.request_id
+        )
 
         window, stale = self._window(mel, requested, start_sample, end_sample)
         prompt_tokens = self.tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
