@@ -112,11 +112,30 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
                 json.dumps(
                     {"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 8000}}}}}
                 ),
+                json.dumps({"type": "session.update", "session": {"audio": "pcm"}}),
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"audio": {"input": {"transcription": {"language": "fr"}}}},
+                    }
+                ),
             ]
-            for frame in bad:
+            codes = [
+                "invalid_audio",
+                "invalid_audio",
+                "unknown_event_type",
+                "invalid_json",
+                "invalid_frame",
+                "invalid_rate",
+                "invalid_value",
+                "invalid_language",
+            ]
+            for frame, code in zip(bad, codes, strict=True):
                 await ws.send(frame)
                 error = await next_event(ws)
-                assert error["type"] == "error" and error["error"]["message"]
+                assert (
+                    error["type"] == "error" and error["error"]["code"] == code and error["error"]["message"]
+                )
             piece = 12000  # 0.5 s
             for i in range(0, len(audio_24k), piece):
                 await ws.send(

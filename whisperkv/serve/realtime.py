@@ -173,7 +173,7 @@ class TranscriptionConnection:
             await self.send(
                 "input_audio_buffer.committed", item_id=self.item_id, previous_item_id=self.previous_item_id
             )
-            await self.emit(await asyncio.to_thread(self.stream.commit), announced=True)
+            await self.emit(await asyncio.to_thread(self.stream.commit))
         elif kind == "input_audio_buffer.clear":
             self.stream.clear()
             self.item_id = None
@@ -188,7 +188,8 @@ class TranscriptionConnection:
             raise RealtimeError(
                 "invalid_session_type", "this endpoint serves transcription sessions only", "session.type"
             )
-        audio_input = (session.get("audio") or {}).get("input") or {}
+        audio = json_object(session.get("audio"), "session.audio")
+        audio_input = json_object(audio.get("input"), "session.audio.input")
         fmt = audio_input.get("format")
         if fmt is not None:
             if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
@@ -204,10 +205,10 @@ class TranscriptionConnection:
                 )
             if rate != self.rate:
                 self.rate, self.resampler = rate, Resampler(rate)
-        transcription = audio_input.get("transcription") or {}
+        transcription = json_object(audio_input.get("transcription"), "session.audio.input.transcription")
         rebuild = False
         if "language" in transcription and transcription["language"] != self.language:
-            self.language, rebuild = transcription["language"], True
+            self.language, rebuild = self.checked_language(transcription["language"]), True
         self.prompt = transcription.get("prompt") or self.prompt
         if "turn_detection" in audio_input:
             vad = audio_input["turn_detection"] is not None
@@ -215,6 +216,18 @@ class TranscriptionConnection:
             self.server_vad = vad
         if rebuild:  # a new stream: committed text so far stays committed (and was sent)
             self.stream = self._new_stream()
+
+    def checked_language(self, language: Any) -> str | None:
+        from whisperkv.tokenizer import LANGUAGES
+
+        param = "session.audio.input.transcription.language"
+        if language is not None and language not in LANGUAGES:
+            raise RealtimeError("invalid_language", f"unknown language {language!r}", param)
+        if language not in (None, "en") and not self.ws.app.state.model.is_multilingual:
+            raise RealtimeError(
+                "invalid_language", f"the served model is English-only, not {language!r}", param
+            )
+        return language
 
     def decode_audio(self, audio: Any) -> np.ndarray:
         if not isinstance(audio, str):
@@ -235,7 +248,7 @@ class TranscriptionConnection:
     def now_ms(self) -> int:
         return int(self.stream.received * 1000 / SAMPLE_RATE)
 
-    async def emit(self, events: list[Event], announced: bool = False) -> None:
+    async def emit(self, events: list[Event]) -> None:
         """Session events as Realtime server events, in order."""
         for event in events:
             if event.type == "speech_started":
@@ -273,6 +286,15 @@ class TranscriptionConnection:
                     transcript=event.text,
                 )
                 self.previous_item_id, self.item_id = self.item_id, None
+
+
+def json_object(value: Any, param: str) -> dict:
+    """An optional JSON object field: absent or null is empty, anything else but an object is an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RealtimeError("invalid_value", f"'{param}' must be an object", param)
+    return value
 
 
 def parse_event(text: str) -> dict:
