@@ -22,6 +22,7 @@ import argparse
 import csv
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,64 @@ def machine() -> str:
     )
 
 
+class Tally:
+    """What has been measured so far, per path: word errors, compute, audio, latencies, naive differences."""
+
+    def __init__(self) -> None:
+        self.errors = {k: [0, 0] for k in PATHS}
+        self.compute = dict.fromkeys(PATHS, 0.0)
+        self.audio = dict.fromkeys(PATHS, 0.0)
+        self.latencies: list[float] = []
+        self.differ = self.stale = self.updates = 0
+
+    def add(self, path: str, run: dict, reference: str, duration: float) -> float:
+        errors, words = word_errors(reference, run["text"])
+        self.errors[path][0] += errors
+        self.errors[path][1] += words
+        self.compute[path] += run["compute"]
+        self.audio[path] += duration
+        return errors / max(words, 1)
+
+    def wer(self, path: str) -> float:
+        errors, words = self.errors[path]
+        return errors / words if words else float("nan")
+
+    def summary(self) -> None:
+        v, n = self.compute["valid"], self.compute["naive"]
+        naive_per_s = n / self.audio["naive"] if self.audio["naive"] else float("nan")
+        valid_per_s = v / self.audio["valid"] if self.audio["valid"] else float("nan")
+        print(
+            f"\nnaive reuse: {self.stale} of {self.updates} updates reused a stale encoder output/Cross-KV; "
+            f"{self.differ} of them ({self.differ / max(self.stale, 1):.0%}) gave a different text from the "
+            f"valid decode of the same buffer and prompt ({self.differ / max(self.updates, 1):.0%} of all "
+            f"updates); compute per second of audio {naive_per_s:.3f} s vs valid {valid_per_s:.3f} s "
+            f"(saved {1 - naive_per_s / valid_per_s:.0%}); WER {self.wer('naive'):.1%} vs valid "
+            f"{self.wer('valid'):.1%}"
+        )
+        lat = self.latencies
+        mean = statistics.mean(lat) if lat else float("nan")
+        goals = [
+            (
+                f"final WER within 2 points of offline "
+                f"({self.wer('valid'):.1%} vs {self.wer('offline'):.1%})",
+                self.wer("valid") <= self.wer("offline") + 0.02,
+            ),
+            (f"mean commit latency <= 2.0 s ({mean:.2f} s)", mean <= 2.0),
+            (f"p95 commit latency <= 4.0 s ({p95(lat):.2f} s)", p95(lat) <= 4.0),
+            (f"compute per second of audio < 0.5 s ({valid_per_s:.3f} s)", valid_per_s < 0.5),
+        ]
+        print("\ngoals (valid path):")
+        for text, met in goals:
+            print(f"  {'met    ' if met else 'NOT met'}  {text}")
+
+
+PATHS = ("valid", "naive", "offline")
+
+
+def stop_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # `timeout` ends a long run: print what was measured
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny.en")
@@ -134,94 +193,60 @@ def main() -> int:
     if not rows:
         print(f"no long-form files under {SPEECH}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     print(machine(), flush=True)
+    ref_kind = "manifest references (concatenated clip texts)" if not args.seconds else "offline transcribe()"
+    clock = "measured compute" if args.simulate_compute is None else f"{args.simulate_compute:g} s per update"
+    print(f"{args.model}, {args.chunk:g} s chunks, clock: {clock}; WER against {ref_kind}", flush=True)
     model = whisperkv.load_model(args.model)
-    totals = {k: [0, 0] for k in ("offline", "valid", "naive")}
-    latencies: list[float] = []
-    compute = {"valid": 0.0, "naive": 0.0}
-    audio_seconds = 0.0
-    differ = stale = updates = 0
+    tally = Tally()
     header = (
         f"{'file':<34} {'path':<8} {'WER':>6} {'compute/s':>9} {'lat mean':>8} {'lat p95':>8} {'enc/upd':>9}"
     )
-    lines = [header, "-" * len(header)]
-    print(header, flush=True)
-    for row in rows:
-        audio = load_audio(SPEECH / row["file"])
-        if args.seconds:
-            audio = audio[: int(args.seconds * SR)]
-        reference = row["reference"] if not args.seconds else None
-        duration = len(audio) / SR
-        audio_seconds += duration
-        name = Path(row["file"]).name[:34]
-        t0 = time.perf_counter()
-        offline = model.transcribe(audio)["text"]
-        offline_run = {"text": offline, "compute": time.perf_counter() - t0}
-        ref = reference if reference is not None else offline  # a cut file: offline text is the reference
-        for path in ("offline", "valid", "naive"):
-            if path == "offline":
-                run = offline_run
-            elif path == "valid":
-                run = stream(model, audio, args.chunk, False, args.simulate_compute)
-                latencies += run["latencies"]
-            elif args.no_naive:
-                continue
-            else:
-                run = stream(model, audio, args.chunk, True, args.simulate_compute)
-                d, s = differing_updates(model, run["record"])
-                differ, stale, updates = differ + d, stale + s, updates + run["updates"]
-            errors, words = word_errors(ref, run["text"])
-            totals[path][0] += errors
-            totals[path][1] += words
-            if path in compute:
-                compute[path] += run["compute"]
-            lat = run.get("latencies")
-            cells = (
-                f"{statistics.mean(lat):>8.2f} {p95(lat):>8.2f} {run['encodes']:>4}/{run['updates']:<4}"
-                if lat
-                else f"{'':>8} {'':>8} {'':>9}"
-            )
-            lines.append(
-                f"{name:<34} {path:<8} {errors / words:>6.1%} {run['compute'] / duration:>9.3f} {cells}"
-            )
-            print(lines[-1], f"(load average {os.getloadavg()[0]:.1f})", flush=True)
-    wers = {k: e / max(w, 1) for k, (e, w) in totals.items()}
-    ref_kind = (
-        "manifest references (concatenated clip texts)" if not args.seconds else "offline transcribe() text"
-    )
-    clock = "measured compute" if args.simulate_compute is None else f"{args.simulate_compute:g} s per update"
-    print(
-        f"\n{args.model}, {args.chunk:g} s chunks, clock: {clock}, {audio_seconds:.1f} s of audio; "
-        f"WER against {ref_kind}"
-    )
-    print("\n".join(lines))
-    saved = compute["valid"] - compute["naive"]
-    print(
-        f"\nnaive reuse: {stale} of {updates} updates reused a stale encoder output/Cross-KV; "
-        f"{differ} of them ({differ / max(stale, 1):.0%}) gave a different text from the valid decode of "
-        f"the same "
-        f"buffer and prompt ({differ / max(updates, 1):.0%} of all updates); time saved {saved:.1f} s "
-        f"({saved / max(compute['valid'], 1e-9):.0%} of the valid path's compute); "
-        f"WER {wers['naive']:.1%} vs valid {wers['valid']:.1%}"
-    )
-    goals = [
-        (
-            f"final WER within 2 points of offline ({wers['valid']:.1%} vs {wers['offline']:.1%})",
-            wers["valid"] <= wers["offline"] + 0.02,
-        ),
-        (
-            f"mean commit latency <= 2.0 s ({statistics.mean(latencies):.2f} s)",
-            statistics.mean(latencies) <= 2.0,
-        ),
-        (f"p95 commit latency <= 4.0 s ({p95(latencies):.2f} s)", p95(latencies) <= 4.0),
-        (
-            f"compute per second of audio < 0.5 s ({compute['valid'] / audio_seconds:.3f} s)",
-            compute["valid"] / audio_seconds < 0.5,
-        ),
-    ]
-    print("\ngoals (valid path):")
-    for text, met in goals:
-        print(f"  {'met    ' if met else 'NOT met'}  {text}")
+    print(header + "\n" + "-" * len(header), flush=True)
+    try:
+        for row in rows:
+            audio = load_audio(SPEECH / row["file"])
+            if args.seconds:
+                audio = audio[: int(args.seconds * SR)]
+            duration = len(audio) / SR
+            name = Path(row["file"]).name[:34]
+            reference = row["reference"]
+            if args.seconds:  # a cut file has no reference text: offline transcribe() of the cut stands in
+                reference = model.transcribe(audio)["text"]
+            for path in PATHS:
+                if path == "offline":
+                    t0 = time.perf_counter()
+                    run = {"text": model.transcribe(audio)["text"], "compute": time.perf_counter() - t0}
+                elif path == "valid":
+                    run = stream(model, audio, args.chunk, False, args.simulate_compute)
+                    tally.latencies += run["latencies"]
+                elif args.no_naive:
+                    continue
+                else:
+                    run = stream(model, audio, args.chunk, True, args.simulate_compute)
+                    d, s = differing_updates(model, run["record"])
+                    tally.differ, tally.stale, tally.updates = (
+                        tally.differ + d,
+                        tally.stale + s,
+                        tally.updates + run["updates"],
+                    )
+                    print(f"  ({name}: {d} of {s} stale updates changed the text)", flush=True)
+                wer = tally.add(path, run, reference, duration)
+                lat = run.get("latencies")
+                cells = (
+                    f"{statistics.mean(lat):>8.2f} {p95(lat):>8.2f} {run['encodes']:>4}/{run['updates']:<4}"
+                    if lat
+                    else f"{'':>8} {'':>8} {'':>9}"
+                )
+                print(
+                    f"{name:<34} {path:<8} {wer:>6.1%} {run['compute'] / duration:>9.3f} {cells} "
+                    f"(load average {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+    except KeyboardInterrupt:
+        print("\n(interrupted: the summary covers only what was measured above)", flush=True)
+    tally.summary()
     return 0
 
 
