@@ -131,3 +131,15 @@ def test_vad_leaves_torch_threads_alone_and_hears_no_speech_in_silence():
     detector = SpeechDetector()
     assert torch.get_num_threads() == threads  # silero-vad's import would set it to 1
     assert detector.process(np.zeros(3 * SR, dtype=np.float32)) == []  # silence: no boundary
+
+
+def test_a_stream_that_fell_behind_loses_no_audio_when_the_utterance_closes():
+    decoder = ScriptedDecoder(["one two three four"])
+    session = StreamingSession(decoder, trim_after=100, max_buffer=100)
+    session.feed(np.zeros(75 * SR, dtype=np.float32))  # 75 s arrived while nothing was decoded
+    events = session.finish()
+    starts = [c[0] / SR for c in decoder.calls]
+    assert starts[0] == 0 and starts[-1] >= 45  # every part of the 75 s was decoded, window by window
+    assert all(c[1] <= 30 * SR for c in decoder.calls)
+    commits = [e for e in events if e.type == "commit"]
+    assert len(commits) >= 3 and all(b.start >= a.end for a, b in zip(commits, commits[1:]))

@@ -27,6 +27,8 @@ SAMPLE_RATE = 16000
 PROMPT_CHARS = 200
 #: audio kept before the current position while nobody speaks: the VAD dates a start back by its padding
 HISTORY_S = 1.0
+#: seconds of audio one decode sees (Whisper's window)
+WINDOW = 30
 
 
 class UpdateDecoder(Protocol):
@@ -133,7 +135,7 @@ class StreamingSession:
     # -- inside --------------------------------------------------------------------------------------
 
     def _decode(self, end: int) -> Hypothesis:
-        end = min(end, self.buffer_start + 30 * SAMPLE_RATE)
+        end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
         audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
         self.decoded = (self.buffer_start, end)
         hypothesis = self.decoder.decode(audio, self.buffer_start, self._prompt())
@@ -152,7 +154,7 @@ class StreamingSession:
 
     def _close(self, end: int) -> list[Event]:
         """Close the utterance at ``end``: decode it once more and commit the whole hypothesis."""
-        events: list[Event] = []
+        events = self._catch_up(end)
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
         if end - self.buffer_start >= self.min_audio // 5:
@@ -168,6 +170,20 @@ class StreamingSession:
         self.buffer_start = max(end, self.buffer_start)
         self.decoded = None
         self.in_speech = self.vad is None
+        return events
+
+    def _catch_up(self, end: int) -> list[Event]:
+        """A stream that fell behind (updates slower than the audio) may close an utterance longer than one
+        30 s window: commit it window by window, each up to its last complete segment, so no audio is lost."""
+        events: list[Event] = []
+        while end - self.buffer_start > WINDOW * SAMPLE_RATE:
+            window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
+            hypothesis = self._decode(end)  # the first 30 s of the buffer
+            closed = [e for e in hypothesis.segment_ends if e > self.buffer_start / SAMPLE_RATE]
+            cut = max(closed) if closed else window_end
+            events += self._commit(self.agreement.flush([w for w in hypothesis.words if w.end <= cut]))
+            self.buffer_start = max(int(cut * SAMPLE_RATE), self.buffer_start + SAMPLE_RATE)
+            self.decoded = None
         return events
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
