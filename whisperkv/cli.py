@@ -36,10 +36,11 @@ from whisperkv.errors import WhisperKVError
 from whisperkv.explain import command as explain_command
 from whisperkv.options_check import OptionError, check_transcribe_options
 from whisperkv.serve.command import add_serve_parser, cmd_serve
+from whisperkv.stream import command as stream_command
 
 COMMANDS = (
     *("transcribe", "verify", "inspect", "convert", "models"),
-    *("batch", "explain", "encoder-worker", "serve"),
+    *("batch", "explain", "encoder-worker", "serve", "stream"),
 )
 
 
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain_command.add_parser(sub)
     boundary_command.add_parser(sub)
     add_serve_parser(sub)
+    stream_command.add_parser(sub)
     return parser
 
 
@@ -282,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "explain": explain_command.run,
         "encoder-worker": boundary_command.run,
         "serve": cmd_serve,
+        "stream": stream_command.run,
     }[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line, without the source path; restored on exit

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from whisperkv.serve import routes_audio, routes_meta
+from whisperkv.serve import realtime, routes_audio, routes_meta
 from whisperkv.serve.errors import install_error_handlers
 from whisperkv.serve.metrics import ServeMetrics
 from whisperkv.serve.settings import ServeSettings
@@ -97,6 +97,7 @@ def create_app(model: Any, scheduler: Any, settings: ServeSettings | None = None
     install_error_handlers(app)
     app.include_router(routes_audio.router)
     app.include_router(routes_meta.router)
+    app.include_router(realtime.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

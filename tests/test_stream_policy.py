@@ -1,0 +1,145 @@
+"""The streaming policy without a model: LocalAgreement-2, the session's events, PCM input."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from whisperkv.stream.agreement import LocalAgreement
+from whisperkv.stream.clock import SimulatedClock
+from whisperkv.stream.events import Word
+from whisperkv.stream.hypothesis import Hypothesis
+from whisperkv.stream.pcm import PCMError, Resampler, pcm16_to_float
+from whisperkv.stream.runner import run_stream
+from whisperkv.stream.session import StreamingSession
+from whisperkv.stream.sources import PCMPipe
+
+SR = 16000
+
+
+def words(text: str, start: float = 0.0, step: float = 0.5) -> list[Word]:
+    return [Word(" " + w, start + i * step, start + i * step + 0.4) for i, w in enumerate(text.split())]
+
+
+def test_agreement_commits_the_common_prefix_and_never_retracts():
+    la = LocalAgreement()
+    assert la.update(words("the cat sat")) == []  # one hypothesis: nothing agreed yet
+    committed = la.update(words("the cat sat on"))
+    assert [w.text for w in committed] == [" the", " cat", " sat"]
+    # an earlier word now heard differently is not taken back; the agreed new word is committed
+    assert [w.text for w in la.update(words("the dog sat on the mat"))] == [" on"]
+    assert la.committed_text() == "the cat sat on"
+    assert [w.text for w in la.update(words("the cat sat on the rug"))] == [" the"]
+    # committed words repeated at the seam (times shifted) are not committed twice
+    assert [w.text for w in la.update(words("on the rug", start=2.4))] == [" rug"]
+    assert la.flush() == []
+    assert la.committed_text() == "the cat sat on the rug"
+
+
+def test_agreement_compares_normalised_words():
+    la = LocalAgreement()
+    la.update(words("Hello, world"))
+    assert [w.text for w in la.update(words("hello world again"))] == [" hello", " world"]
+
+
+class ScriptedDecoder:
+    """Hypotheses given in advance, one per decode; records what each decode was asked."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.calls: list[tuple[int, int, str]] = []
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        self.calls.append((start_sample, len(audio), prompt))
+        text = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        ws = words(text, start=0.1, step=0.4)
+        return Hypothesis(ws, [ws[1].end] if len(ws) > 2 else [])
+
+    def reuse_summary(self) -> dict:
+        return {"type": "reuse"}
+
+
+class Silence:
+    def __init__(self, seconds: float) -> None:
+        self.left = int(seconds * SR)
+
+    def read(self, n: int) -> np.ndarray:
+        n = min(n, self.left)
+        self.left -= n
+        return np.zeros(n, dtype=np.float32)
+
+
+def test_session_events_in_order_and_commits_only_grow():
+    decoder = ScriptedDecoder(["a", "a b", "a b c", "a b c d", "a b c d e"])
+    session = StreamingSession(decoder, trim_after=100)
+    events = list(run_stream(Silence(6.0), session, SimulatedClock(fixed_cost=0.25), chunk=1.0))
+    times = [e.audio_time for e in events]
+    assert times == sorted(times) and times[0] >= 1.0
+    commits = [e for e in events if e.type == "commit"]
+    text = " ".join(e.text for e in commits)
+    assert text == "a b c d e"  # agreed words, then the end of input flushed the rest
+    assert all(b.start >= a.end - 1e-9 for a, b in zip(commits, commits[1:]))
+    assert [e.type for e in events][-1] == "utterance_end"
+    # the clock is computation-aware: each update starts when a chunk has arrived, emits 0.25 s later
+    assert times[0] == pytest.approx(1.25)
+
+
+def test_session_trims_at_a_committed_segment_end_and_prompts_with_what_left_the_buffer():
+    decoder = ScriptedDecoder(["one two three"] * 3)
+    session = StreamingSession(decoder, trim_after=0.5, min_audio_s=0.1)
+    list(run_stream(Silence(4.0), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
+    starts = [c[0] for c in decoder.calls]
+    assert starts[0] == 0 and max(starts) > 0  # the buffer moved forward after "one two" was committed
+    moved = [c for c in decoder.calls if c[0] > 0]
+    assert moved[0][2] == "one two"  # committed text no longer in the buffer is the prompt
+
+
+def test_pcm_odd_byte_count_is_an_error():
+    with pytest.raises(PCMError, match="odd number of bytes"):
+        pcm16_to_float(b"\x00\x01\x02")
+    assert pcm16_to_float(np.array([0, 16384, -32768], "<i2").tobytes()).tolist() == [0.0, 0.5, -1.0]
+
+
+def test_pcm_pipe_reads_split_bytes_and_flags_a_stray_last_byte():
+    data = np.arange(1000, dtype="<i2").tobytes() + b"\x07"
+    pipe = PCMPipe(io.BufferedReader(io.BytesIO(data)))
+    out = np.concatenate([pipe.read(300), pipe.read(300), pipe.read(300), pipe.read(300)])
+    assert len(out) == 1000 and pipe.error is not None and "odd number of bytes" in pipe.error
+    assert np.allclose(out * 32768, np.arange(1000))
+
+
+def test_resampler_24k_keeps_a_tone_and_the_duration():
+    t = np.arange(24000) / 24000
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2").tobytes()
+    resample = Resampler(24000)
+    out = np.concatenate(
+        [resample(tone[i : i + 4800]) for i in range(0, len(tone), 4800)] + [resample.flush()]
+    )
+    assert abs(len(out) - 16000) <= 32
+    spectrum = np.abs(np.fft.rfft(out[:16000]))
+    assert abs(int(np.argmax(spectrum)) * SR / 16000 - 440) <= 2
+
+
+def test_vad_leaves_torch_threads_alone_and_hears_no_speech_in_silence():
+    import torch
+
+    from whisperkv.stream.vad import SpeechDetector
+
+    threads = torch.get_num_threads()
+    detector = SpeechDetector()
+    assert torch.get_num_threads() == threads  # silero-vad's import would set it to 1
+    assert detector.process(np.zeros(3 * SR, dtype=np.float32)) == []  # silence: no boundary
+
+
+def test_a_stream_that_fell_behind_loses_no_audio_when_the_utterance_closes():
+    decoder = ScriptedDecoder(["one two three four"])
+    session = StreamingSession(decoder, trim_after=100, max_buffer=100)
+    session.feed(np.zeros(75 * SR, dtype=np.float32))  # 75 s arrived while nothing was decoded
+    events = session.finish()
+    starts = [c[0] / SR for c in decoder.calls]
+    assert starts[0] == 0 and starts[-1] >= 45  # every part of the 75 s was decoded, window by window
+    assert all(c[1] <= 30 * SR for c in decoder.calls)
+    commits = [e for e in events if e.type == "commit"]
+    assert len(commits) >= 3 and all(b.start >= a.end for a, b in zip(commits, commits[1:]))

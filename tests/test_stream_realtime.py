@@ -1,0 +1,219 @@
+"""The Realtime transcription WebSocket against a real server on 127.0.0.1, with the websockets client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from whisperkv.audio import load_audio
+from whisperkv.metrics import wer
+
+websockets = pytest.importorskip("websockets")
+uvicorn = pytest.importorskip("uvicorn")
+
+JFK_TEXT = (
+    "And so my fellow Americans, ask not what your country can do for you, "
+    "ask what you can do for your country."
+)
+API_KEY = "stream-test-key"
+EVENT_TIMEOUT = 120  # seconds for any one server event (a loaded 2-core machine)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_app(model):
+    """The server's own app (``create_app``) with the engine's Scheduler and an API key."""
+    from whisperkv.engine import Scheduler
+    from whisperkv.serve import ServeSettings, create_app
+
+    return create_app(model, Scheduler(model), ServeSettings(model_name="tiny.en", api_key=API_KEY))
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model):
+    return serve_app(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def server(app):
+    port = free_port()
+    # no keepalive pings: client and server share this process, and a decode may hold the GIL for a while
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws_ping_interval=None)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription"
+    srv.should_exit = True
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+
+
+def pcm_b64(samples: np.ndarray) -> str:
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def next_event(ws) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), EVENT_TIMEOUT))
+
+
+async def until(ws, kind: str, seen: list[dict], limit: int = 500) -> dict:
+    for _ in range(limit):
+        event = await next_event(ws)
+        seen.append(event)
+        if event["type"] == kind:
+            return event
+    raise AssertionError(f"no {kind} in {limit} events")
+
+
+@pytest.fixture(scope="module")
+def jfk(speech_dir) -> np.ndarray:
+    return load_audio(speech_dir / "en/jfk.flac")
+
+
+def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server, app, jfk):
+    audio_24k = np.interp(np.arange(0, len(jfk), 2 / 3), np.arange(len(jfk)), jfk).astype(np.float32)
+    audio_24k = np.concatenate(
+        [audio_24k, np.zeros(36000, np.float32)]
+    )  # 1.5 s of silence closes the utterance
+
+    async def talk() -> list[dict]:
+        seen: list[dict] = []
+        async with websockets.connect(
+            server, max_size=None, ping_interval=None, additional_headers=AUTH
+        ) as ws:
+            assert (await next_event(ws))["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+            updated = await next_event(ws)
+            assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            bad = [
+                json.dumps({"type": "input_audio_buffer.append", "audio": "%%% not base64"}),
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}
+                ),
+                json.dumps({"type": "no.such.event"}),
+                "{not json",
+                b"\x00\x01",
+                json.dumps(
+                    {"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 8000}}}}}
+                ),
+                json.dumps({"type": "session.update", "session": {"audio": "pcm"}}),
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"audio": {"input": {"transcription": {"language": "fr"}}}},
+                    }
+                ),
+            ]
+            codes = [
+                "invalid_audio",
+                "invalid_audio",
+                "unknown_event_type",
+                "invalid_json",
+                "invalid_frame",
+                "invalid_rate",
+                "invalid_value",
+                "invalid_language",
+            ]
+            for frame, code in zip(bad, codes, strict=True):
+                await ws.send(frame)
+                error = await next_event(ws)
+                assert (
+                    error["type"] == "error" and error["error"]["code"] == code and error["error"]["message"]
+                )
+            piece = 12000  # 0.5 s
+            for i in range(0, len(audio_24k), piece):
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": pcm_b64(audio_24k[i : i + piece])}
+                    )
+                )
+            # events are handled in order: the answer to this marker comes after every append's events
+            await ws.send(json.dumps({"type": "marker.after.audio"}))
+            await until(ws, "error", seen)
+        return seen
+
+    steps_before = app.state.scheduler.stats()["steps_total"]
+    seen = asyncio.run(talk())
+    assert app.state.scheduler.stats()["steps_total"] > steps_before  # decoded by the server's scheduler
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
+    completed = [e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    transcript = " ".join(e["transcript"] for e in completed)
+    assert wer(JFK_TEXT, transcript) <= 0.25
+    for item in completed:  # each utterance's deltas add up to its transcript
+        deltas = [
+            e["delta"] for e in seen if e.get("item_id") == item["item_id"] and e["type"].endswith(".delta")
+        ]
+        assert "".join(deltas) == item["transcript"]
+
+
+def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
+    """The official client's realtime connection, pointed at the local server, in manual-commit mode."""
+    openai = pytest.importorskip("openai")
+    base = server.split("/v1/")[0]
+    client = openai.OpenAI(
+        api_key=API_KEY, base_url=base.replace("ws://", "http://") + "/v1", websocket_base_url=base + "/v1"
+    )
+    seen = []
+    with client.realtime.connect(
+        extra_query={"intent": "transcription"}, websocket_connection_options={"ping_interval": None}
+    ) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(
+            session={
+                "type": "transcription",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}},
+            }
+        )
+        assert conn.recv().session.audio.input.turn_detection is None
+        conn.input_audio_buffer.commit()
+        assert conn.recv().error.code == "input_audio_buffer_commit_empty"
+        for i in range(0, 3 * 16000, 8000):
+            conn.input_audio_buffer.append(audio=pcm_b64(jfk[i : i + 8000]))
+        conn.input_audio_buffer.commit()
+        for _ in range(200):
+            event = conn.recv()
+            seen.append(event)
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                break
+        conn.input_audio_buffer.clear()
+        assert conn.recv().type == "input_audio_buffer.cleared"
+    kinds = [e.type for e in seen]
+    assert "input_audio_buffer.committed" in kinds
+    completed = seen[-1]
+    assert completed.type == "conversation.item.input_audio_transcription.completed"
+    assert kinds.index("input_audio_buffer.committed") < len(kinds) - 1
+    assert "fellow americans" in completed.transcript.lower()
+    deltas = [e.delta for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert "".join(deltas) == completed.transcript
+
+
+def test_missing_key_and_wrong_intent_are_refused_with_an_error_event(server):
+    async def refused(url: str, headers: dict) -> tuple[dict, int]:
+        async with websockets.connect(url, ping_interval=None, additional_headers=headers) as ws:
+            event = await next_event(ws)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), EVENT_TIMEOUT)
+            return event, closed.value.rcvd.code
+
+    event, code = asyncio.run(refused(server, {}))
+    assert event["type"] == "error" and event["error"]["code"] == "invalid_api_key" and code == 1008
+    event, code = asyncio.run(refused(server.replace("intent=transcription", "intent=conversation"), AUTH))
+    assert event["error"]["code"] == "unsupported_intent" and code == 1008

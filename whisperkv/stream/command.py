@@ -1,0 +1,61 @@
+"""``whisperkv stream [FILE | -]``: print committed text as it becomes final.
+
+A file is decoded once and fed on a simulated, computation-aware clock (``--realtime``: at wall-clock
+pace); ``-`` reads raw s16le 16 kHz mono PCM from standard input as it arrives (a microphone piped in).
+``--json`` prints one line per partial/commit event and ends with the reuse summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("stream", help="live transcription of a file or raw PCM on stdin (LocalAgreement-2)")
+    p.add_argument(
+        "audio", nargs="?", default="-", help="audio file, or - for s16le 16 kHz mono PCM on stdin"
+    )
+    p.add_argument("--model", default="tiny.en", help="model name or path (default: tiny.en)")
+    p.add_argument("--language", default=None, help="language code (needed with a multilingual model)")
+    p.add_argument("--chunk", type=float, default=1.0, help="seconds of new audio between updates")
+    p.add_argument("--realtime", action="store_true", help="pace by the wall clock")
+    p.add_argument(
+        "--simulate_compute",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="simulated clock: every update costs SECONDS (default: the measured time)",
+    )
+    p.add_argument("--no_vad", action="store_true", help="no voice activity detection: one utterance")
+    p.add_argument("--json", action="store_true", help="one JSON line per event, then the reuse summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from whisperkv.model import load_model
+    from whisperkv.stream.clock import RealtimeClock, SimulatedClock
+    from whisperkv.stream.local_decoder import LocalDecoder
+    from whisperkv.stream.runner import run_stream
+    from whisperkv.stream.session import StreamingSession
+    from whisperkv.stream.sources import FileSamples, PCMPipe
+    from whisperkv.stream.vad import SpeechDetector
+
+    if args.realtime and args.simulate_compute is not None:
+        raise ValueError("--realtime and --simulate_compute exclude each other")
+    clock = RealtimeClock() if args.realtime else SimulatedClock(args.simulate_compute)
+    source = PCMPipe(sys.stdin.buffer) if args.audio == "-" else FileSamples(args.audio)
+    model = load_model(args.model)
+    decoder = LocalDecoder(model, args.language or ("en" if not model.is_multilingual else None))
+    session = StreamingSession(decoder, vad=None if args.no_vad else SpeechDetector())
+    for event in run_stream(source, session, clock, args.chunk):
+        if args.json and event.type in ("partial", "commit"):
+            print(json.dumps(event.as_json()), flush=True)
+        elif not args.json and event.type == "commit":
+            print(event.text, flush=True)
+    if args.json:
+        print(json.dumps(session.reuse_summary()), flush=True)
+    if source.error:
+        print(f"whisperkv: error: {source.error}", file=sys.stderr, flush=True)
+        return 1
+    return 0

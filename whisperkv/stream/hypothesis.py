@@ -1,0 +1,73 @@
+"""One update's hypothesis: the buffer's words with times, and where its segments end.
+
+Built from a window's tokens the way ``transcribe`` cuts them (segments at timestamp pairs), except
+that the text after the last complete segment is kept as a final open segment ending at the buffer's
+end: in a stream that tail is the newest speech, and the next update decodes it again anyway.
+Words come from the alignment heads (``whisperkv.timing``), times relative to the buffer's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from whisperkv.stream.events import Word
+
+if TYPE_CHECKING:
+    from whisperkv.tokenizer import Tokenizer
+
+SECONDS_PER_TIMESTAMP = 0.02
+
+
+@dataclass
+class Hypothesis:
+    words: list[Word] = field(default_factory=list)  # seconds from the buffer's start
+    segment_ends: list[float] = field(default_factory=list)  # ends of the complete segments
+
+    @property
+    def text(self) -> str:
+        return "".join(w.text for w in self.words).strip()
+
+    def shifted(self, offset: float) -> Hypothesis:
+        """The same hypothesis with times counted from the stream's start."""
+        return Hypothesis(
+            [Word(w.text, w.start + offset, w.end + offset) for w in self.words],
+            [e + offset for e in self.segment_ends],
+        )
+
+
+def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> tuple[list[dict], int]:
+    """Segments (``seek`` 0, start, end, text, tokens) of one window's tokens, and how many are closed."""
+    begin = tokenizer.timestamp_begin
+
+    def time(token: int) -> float:
+        return (token - begin) * SECONDS_PER_TIMESTAMP
+
+    def segment(piece: list[int], start: float, end: float) -> dict:
+        text = tokenizer.decode([t for t in piece if t < tokenizer.eot])
+        return {"seek": 0, "start": start, "end": end, "text": text, "tokens": piece}
+
+    is_ts = [t >= begin for t in tokens]
+    cuts = [i for i in range(1, len(tokens)) if is_ts[i - 1] and is_ts[i]]
+    segments, last = [], 0
+    for cut in cuts:
+        piece = tokens[last:cut]
+        segments.append(segment(piece, time(piece[0]), time(piece[-1])))
+        last = cut
+    rest = tokens[last:]
+    if not any(t < tokenizer.eot for t in rest):
+        return segments, len(segments)
+    start = time(rest[0]) if is_ts[last] else 0.0
+    if len(rest) > 1 and is_ts[-1]:  # a lone closing timestamp: the segment is complete
+        segments.append(segment(rest, start, time(rest[-1])))
+        return segments, len(segments)
+    segments.append(segment(rest, start, duration))  # open: the window ran out mid-segment
+    return segments, len(segments) - 1
+
+
+def hypothesis_from_segments(segments: list[dict], closed: int) -> Hypothesis:
+    """Words of segments that carry ``words`` (openai-whisper's shape); the first ``closed`` are complete."""
+    words = [
+        Word(w["word"], float(w["start"]), float(w["end"])) for s in segments for w in s.get("words", [])
+    ]
+    return Hypothesis(words, [float(s["end"]) for s in segments[:closed]])

@@ -1,0 +1,210 @@
+"""A streaming session: feed audio as it arrives, call ``update`` now and then, get events.
+
+The policy, in whisper_streaming's terms: the buffer holds the audio of the current utterance from the
+last committed segment end; each update decodes the whole buffer with the committed text before it as
+the prompt; LocalAgreement-2 commits what two consecutive hypotheses agree on; the buffer is trimmed at a
+committed segment end once it is longer than ``trim_after`` seconds. With a VAD, silence between
+utterances never enters a buffer and the end of speech closes the utterance: its last hypothesis is
+committed whole. End of input does the same. Committed text is never retracted.
+
+Decoding is behind ``UpdateDecoder`` — in this process (``LocalDecoder``) or through the server's
+scheduler — so the policy does not know where the model runs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from whisperkv.stream.agreement import LocalAgreement
+from whisperkv.stream.events import Event, Word, join_words
+from whisperkv.stream.hypothesis import Hypothesis
+from whisperkv.stream.vad import SpeechDetector
+
+SAMPLE_RATE = 16000
+#: characters of committed text given as the prompt (whisper_streaming uses 200)
+PROMPT_CHARS = 200
+#: audio kept before the current position while nobody speaks: the VAD dates a start back by its padding
+HISTORY_S = 1.0
+#: seconds of audio one decode sees (Whisper's window)
+WINDOW = 30
+
+
+class UpdateDecoder(Protocol):
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis: ...
+
+    def reuse_summary(self) -> dict: ...
+
+
+class StreamingSession:
+    def __init__(
+        self,
+        decoder: UpdateDecoder,
+        *,
+        vad: SpeechDetector | None = None,
+        min_audio_s: float = 0.5,
+        trim_after: float = 6.0,
+        max_buffer: float = 25.0,
+    ) -> None:
+        self.decoder = decoder
+        self.vad = vad
+        self.min_audio = int(min_audio_s * SAMPLE_RATE)
+        self.trim_after = trim_after
+        self.max_buffer = max_buffer
+        self.agreement = LocalAgreement()
+        self.audio = np.zeros(0, dtype=np.float32)
+        self.audio_start = 0  # stream sample index of self.audio[0]
+        self.received = 0
+        self.in_speech = vad is None
+        self.buffer_start = 0
+        self.decoded: tuple[int, int] | None = None  # (buffer start, end) the last decode saw
+        self.utterance: list[Word] = []
+
+    @property
+    def now(self) -> float:
+        return self.received / SAMPLE_RATE
+
+    def feed(self, samples: np.ndarray) -> list[Event]:
+        """Add audio (16 kHz float32); returns speech boundaries and, where an utterance ends, its commits."""
+        samples = np.asarray(samples, dtype=np.float32)
+        self.audio = np.concatenate([self.audio, samples])
+        self.received += len(samples)
+        events: list[Event] = []
+        if self.vad is not None:
+            for boundary in self.vad.process(samples):
+                t = boundary.sample / SAMPLE_RATE
+                if boundary.kind == "start":
+                    self.in_speech = True
+                    self.buffer_start = max(boundary.sample, self.audio_start)
+                    events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
+                else:
+                    events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
+                    events += self._close(boundary.sample)
+        self._forget_old_audio()
+        return events
+
+    def update(self) -> list[Event]:
+        """Decode the buffer if it holds new speech; commit what the last two hypotheses agree on."""
+        if not self.in_speech or self.received - self.buffer_start < self.min_audio:
+            return []
+        if self.decoded == (self.buffer_start, self.received):
+            return []  # nothing new to hear
+        hypothesis = self._decode(self.received)
+        events = self._commit(self.agreement.update(hypothesis.words))
+        if self.agreement.previous:
+            events.append(Event.of_words("partial", self.agreement.previous, self.now))
+        return events + self._trim(hypothesis)
+
+    def finish(self) -> list[Event]:
+        """End of input: what is left is committed."""
+        if self.in_speech:
+            return self._close(self.received)
+        return self._commit(self.agreement.flush())
+
+    @property
+    def has_speech(self) -> bool:
+        """Whether audio of an unfinished utterance is waiting (what a client's commit would close)."""
+        return self.in_speech and (
+            self.received - self.buffer_start >= self.min_audio // 5 or bool(self.utterance)
+        )
+
+    def commit(self) -> list[Event]:
+        """Close the current utterance now, as a client's commit asks: what was heard is committed."""
+        events = self._close(self.received) if self.in_speech else []
+        if self.vad is not None:
+            self.vad.reset()
+        return events
+
+    def clear(self) -> None:
+        """Drop the audio not yet committed (committed text stays, it is never retracted)."""
+        self.buffer_start = self.received
+        self.agreement.previous = []
+        self.decoded = None
+        self.utterance = []
+        if self.vad is not None:
+            self.vad.reset()
+            self.in_speech = False
+
+    def committed_text(self) -> str:
+        return self.agreement.committed_text()
+
+    def reuse_summary(self) -> dict:
+        return self.decoder.reuse_summary()
+
+    # -- inside --------------------------------------------------------------------------------------
+
+    def _decode(self, end: int) -> Hypothesis:
+        end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
+        audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
+        self.decoded = (self.buffer_start, end)
+        hypothesis = self.decoder.decode(audio, self.buffer_start, self._prompt())
+        return hypothesis.shifted(self.buffer_start / SAMPLE_RATE)
+
+    def _prompt(self) -> str:
+        """Committed text whose audio is no longer in the buffer (what is in it, the buffer says itself)."""
+        start = self.buffer_start / SAMPLE_RATE
+        return join_words([w for w in self.agreement.committed if w.end <= start])[-PROMPT_CHARS:]
+
+    def _commit(self, words: list[Word]) -> list[Event]:
+        if not words:
+            return []
+        self.utterance.extend(words)
+        return [Event.of_words("commit", words, self.now)]
+
+    def _close(self, end: int) -> list[Event]:
+        """Close the utterance at ``end``: decode it once more and commit the whole hypothesis."""
+        events = self._catch_up(end)
+        if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
+            end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
+        if end - self.buffer_start >= self.min_audio // 5:
+            events += self._commit(self.agreement.flush(self._decode(end).words))
+        else:
+            events += self._commit(self.agreement.flush())
+        text = join_words(self.utterance)
+        events.append(
+            Event("utterance_end", text, self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE, self.now)
+        )
+        events[-1].words = self.utterance
+        self.utterance = []
+        self.buffer_start = max(end, self.buffer_start)
+        self.decoded = None
+        self.in_speech = self.vad is None
+        return events
+
+    def _catch_up(self, end: int) -> list[Event]:
+        """A stream that fell behind (updates slower than the audio) may close an utterance longer than one
+        30 s window: commit it window by window, each up to its last complete segment, so no audio is lost."""
+        events: list[Event] = []
+        while end - self.buffer_start > WINDOW * SAMPLE_RATE:
+            window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
+            hypothesis = self._decode(end)  # the first 30 s of the buffer
+            closed = [e for e in hypothesis.segment_ends if e > self.buffer_start / SAMPLE_RATE]
+            cut = max(closed) if closed else window_end
+            events += self._commit(self.agreement.flush([w for w in hypothesis.words if w.end <= cut]))
+            self.buffer_start = max(int(cut * SAMPLE_RATE), self.buffer_start + SAMPLE_RATE)
+            self.decoded = None
+        return events
+
+    def _trim(self, hypothesis: Hypothesis) -> list[Event]:
+        """Cut the buffer at the last committed segment end once it is long; never past 30 s."""
+        events: list[Event] = []
+        length = (self.received - self.buffer_start) / SAMPLE_RATE
+        start, last = self.buffer_start / SAMPLE_RATE, self.agreement.last_end
+        if length > self.trim_after:
+            ends = [e for e in hypothesis.segment_ends if start < e <= last]
+            if ends:
+                self.buffer_start = int(max(ends) * SAMPLE_RATE)
+        if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
+            if last <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long: take the hypothesis
+                events += self._commit(self.agreement.flush())
+                last = self.agreement.last_end
+            self.buffer_start = max(self.buffer_start, int(last * SAMPLE_RATE))
+        return events
+
+    def _forget_old_audio(self) -> None:
+        keep_from = self.buffer_start if self.in_speech else self.received - int(HISTORY_S * SAMPLE_RATE)
+        keep_from = max(self.audio_start, min(keep_from, self.received))
+        if keep_from - self.audio_start > SAMPLE_RATE:  # drop in pieces of at least a second
+            self.audio = self.audio[keep_from - self.audio_start :]
+            self.audio_start = keep_from
