@@ -56,14 +56,14 @@ class Engine:
 
 
 class WhisperKV(Engine):
-    def __init__(self, model: str, compute_type: str, batched: bool = False) -> None:
+    def __init__(self, model: str, compute_type: str, batched: bool = False, vad: str = "energy") -> None:
         import whisperkv
         from whisperkv.model.vocab import current_layout
 
         self.model = whisperkv.load_model(model, compute_type=compute_type)
         layout = current_layout(self.model.decoder)
-        self.name = f"whisperkv {compute_type}" + (" batched" if batched else "") + f" [{layout}]"
-        self.batched = batched
+        self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
+        self.batched, self.vad = batched, vad
         self._steps = [0, 0.0]  # one-token decoder calls and their seconds
         forward = self.model.decoder.forward
 
@@ -82,7 +82,9 @@ class WhisperKV(Engine):
         if self.batched:
             from whisperkv.batched import transcribe_batched
 
-            result = transcribe_batched(self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE)
+            result = transcribe_batched(
+                self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad
+            )
             windows = result["batched"]["chunks"] + result["batched"]["fallbacks"]
         else:
             result = self.model.transcribe(audio, beam_size=beam_size, best_of=5)
@@ -165,6 +167,7 @@ ENGINES = (
     "whisperkv-int8",
     "whisperkv-batched-int8",
     "whisperkv-batched-fp32",
+    "whisperkv-batched-int8-silero",
     "faster-whisper-fp32",
     "faster-whisper-int8",
     "faster-whisper-batched-int8",
@@ -176,7 +179,10 @@ ENGINES = (
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
-        return WhisperKV(paths["model"], "int8" if spec.endswith("int8") else "float32", "batched" in spec)
+        compute = "int8" if "int8" in spec else "float32"
+        return WhisperKV(
+            paths["model"], compute, "batched" in spec, "silero" if "silero" in spec else "energy"
+        )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
         return FasterWhisper(paths["ct2_dir"], compute, threads, batched="batched" in spec)
@@ -410,6 +416,12 @@ def main() -> int:
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
     p.add_argument("--utterance_seconds", type=float, default=180.0)
+    p.add_argument(
+        "--budget_s",
+        type=float,
+        default=float("inf"),
+        help="start no new (audio, mode) round after this many seconds; print what was measured",
+    )
     args = p.parse_args()
 
     from whisperkv.metrics import word_errors
@@ -494,17 +506,20 @@ def run_engines(args, paths: dict, audios: dict, audio_names: list, modes: list)
             continue
         workers[spec] = (proc, parent, status[1])
     results: dict = {}
-    for audio_name in audio_names:
-        for mode in modes:
-            beam = 5 if mode == "beam5" else None
-            for rep in range(args.repeats):
-                for spec, (_, conn, _) in workers.items():
-                    conn.send((audio_name, beam))
-                    _, elapsed, run, rss = conn.recv()
-                    results.setdefault((spec, audio_name, mode), []).append((elapsed, run, rss))
-                    print(
-                        f"  {spec:<28} {audio_name:<10} {mode:<6} run {rep + 1}: {elapsed:7.2f} s", flush=True
-                    )
+    started = time.perf_counter()
+    rounds = [(a, m) for a in audio_names for m in modes]
+    for i, (audio_name, mode) in enumerate(rounds):
+        if time.perf_counter() - started > args.budget_s:
+            skipped = ", ".join(f"{a} {m}" for a, m in rounds[i:])
+            print(f"[budget] {args.budget_s:.0f} s spent: not run: {skipped}", flush=True)
+            break
+        beam = 5 if mode == "beam5" else None
+        for rep in range(args.repeats):
+            for spec, (_, conn, _) in workers.items():
+                conn.send((audio_name, beam))
+                _, elapsed, run, rss = conn.recv()
+                results.setdefault((spec, audio_name, mode), []).append((elapsed, run, rss))
+                print(f"  {spec:<28} {audio_name:<10} {mode:<6} run {rep + 1}: {elapsed:7.2f} s", flush=True)
     for proc, conn, _ in workers.values():
         conn.send(None)
         proc.join(timeout=10)
