@@ -124,8 +124,12 @@ def split_with_silero(audio: np.ndarray, max_seconds: float = 30.0) -> list[Chun
     """
     threads = torch.get_num_threads()
     try:
-        import silero_vad
-
+        try:
+            import silero_vad
+        except ImportError as exc:
+            raise ImportError(
+                "vad='silero' needs the silero-vad package: pip install 'whisperkv[stream]'"
+            ) from exc
         torch.set_num_threads(1)
         with warnings.catch_warnings():  # silero-vad locates its model with a deprecated importlib call
             warnings.simplefilter("ignore", DeprecationWarning)
