@@ -38,3 +38,81 @@ def test_energy_vad_cuts_at_the_pause():
     # 45 s of continuous speech has no pause: cut hard at 30 s
     hard = split_at_silences(np.concatenate([tone, tone, tone[: 5 * rate]]))
     assert [round((c.end - c.start) / rate) for c in hard] == [30, 15]
+
+
+def _read_ggml(path):
+    """Walk a ggml file written by benchmarks/ggml_export.py: header, filters, vocabulary, tensor table."""
+    import struct
+
+    data = path.read_bytes()
+    pos = 0
+
+    def ints(n):
+        nonlocal pos
+        values = struct.unpack_from(f"<{n}i", data, pos)
+        pos += 4 * n
+        return values
+
+    magic, *hparams = ints(12)
+    rows, cols = ints(2)
+    pos += 4 * rows * cols
+    (n_tokens,) = ints(1)
+    vocab = []
+    for _ in range(n_tokens):
+        (n,) = ints(1)
+        vocab.append(data[pos : pos + n])
+        pos += n
+    tensors = {}
+    while pos < len(data):
+        n_dims, name_len, ftype = ints(3)
+        shape = ints(n_dims)[::-1]
+        name = data[pos : pos + name_len].decode()
+        pos += name_len
+        size = int(np.prod(shape)) * (2 if ftype else 4)
+        tensors[name] = (shape, ftype, data[pos : pos + size])
+        pos += size
+    return magic, hparams, (rows, cols), vocab, tensors
+
+
+def test_ggml_export_writes_every_tensor_in_whisper_cpp_layout(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from ggml_export import GGML_MAGIC, write_ggml
+
+    import whisperkv
+    from whisperkv.weights.convert import convert
+
+    pt = convert("tiny.en", tmp_path / "tiny.en.pt", "pt")
+    magic, hparams, filters, vocab, tensors = _read_ggml(write_ggml(pt, tmp_path / "ggml.bin"))
+    dims = whisperkv.model.KNOWN_DIMS["tiny.en"]
+    assert magic == GGML_MAGIC
+    assert hparams == [51864, 1500, 384, 6, 4, 448, 384, 6, 4, 80, 1]
+    assert dims.n_vocab == hparams[0] and filters == (80, 201)
+    assert len(vocab) == 50256 and vocab[0] == b"!" and vocab[220] == b" "
+    import torch
+
+    state = torch.load(pt, weights_only=True)["model_state_dict"]
+    assert set(tensors) == set(state)
+    shape, ftype, raw = tensors["decoder.token_embedding.weight"]
+    assert shape == (51864, 384) and ftype == 1
+    np.testing.assert_array_equal(
+        np.frombuffer(raw, "<f2").reshape(shape),
+        state["decoder.token_embedding.weight"].numpy().astype("<f2"),
+    )
+    assert tensors["encoder.conv1.bias"][:2] == ((384, 1), 0)  # conv biases as [n, 1] float32
+    assert tensors["decoder.positional_embedding"][1] == 0 and tensors["decoder.ln.weight"][1] == 0
+
+
+def test_utterance_file_is_shuffled_clips_with_pauses():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import SAMPLE_RATE, build_audio
+
+    audios, refs = build_audio(min_long_seconds=1.0, min_utterance_seconds=60.0, seed=3)
+    audio = audios["utterances"]
+    assert 60 <= len(audio) / SAMPLE_RATE < 120
+    quiet = np.abs(audio[: len(audio) // 160 * 160].reshape(-1, 160)).max(axis=1) == 0  # exact zeros: pauses
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(int), [0]]))))[::2]
+    assert (runs >= 30).sum() >= 5  # at least five pauses of 0.3 s or more between utterances
+    again, refs_again = build_audio(min_long_seconds=1.0, min_utterance_seconds=60.0, seed=3)
+    assert refs_again["utterances"] == refs["utterances"]  # seeded: the same file every run
+    other, refs_other = build_audio(min_long_seconds=1.0, min_utterance_seconds=60.0, seed=4)
+    assert refs_other["utterances"] != refs["utterances"]  # another seed, another order

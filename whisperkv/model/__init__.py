@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
+from whisperkv.model.vocab import apply_layout, choose_layout
 from whisperkv.model.whisper import Whisper
 from whisperkv.weights import Checkpoint, load_checkpoint
 
@@ -12,8 +13,18 @@ __all__ = ["KNOWN_DIMS", "ModelDims", "Whisper", "load_model", "model_from_check
 
 
 def model_from_checkpoint(
-    ckpt: Checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ckpt: Checkpoint,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    vocab_layout: str | None = None,
 ) -> Whisper:
+    """A model holding the checkpoint's tensors (not copies, where device and dtype allow).
+
+    ``vocab_layout``: how the tied vocabulary table is stored (``model/vocab.py``); None measures the
+    fastest on this machine for a float32 CPU model (``load_model`` measures before reading weights).
+    """
+    if vocab_layout is None and str(device) == "cpu" and dtype == torch.float32:
+        vocab_layout, _ = choose_layout(ckpt.dims.n_vocab, ckpt.dims.n_text_state)
     with torch.device("meta"):  # no throwaway random init: the loaded tensors become the parameters
         model = Whisper(ckpt.dims)
     model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
@@ -24,6 +35,8 @@ def model_from_checkpoint(
     model.requires_grad_(False)
     model = model.to(device=device, dtype=dtype).eval()
     model.fuse_qkv()
+    if vocab_layout is not None:
+        apply_layout(model.decoder, vocab_layout)
     return model
 
 
@@ -51,9 +64,20 @@ def load_model(
         dtype = getattr(torch, dtype)
     if dtype is None:
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
-    model = model_from_checkpoint(load_checkpoint(name_or_path), device=device, dtype=dtype)
+    layout = None
+    if str(device) == "cpu" and dtype == torch.float32:
+        layout, _ = choose_layout(*_vocab_shape(name_or_path))  # before the weights: one peak, not two
+    model = model_from_checkpoint(
+        load_checkpoint(name_or_path), device=device, dtype=dtype, vocab_layout=layout
+    )
     if compute_type == "int8":
         from whisperkv.model.quantize import quantize_int8
 
         quantize_int8(model)
     return model
+
+
+def _vocab_shape(name_or_path: str) -> tuple[int, int]:
+    """(n_vocab, n_text_state) of a known model name; tiny.en's for a path (timing is per byte anyway)."""
+    dims = KNOWN_DIMS.get(str(name_or_path), KNOWN_DIMS["tiny.en"])
+    return dims.n_vocab, dims.n_text_state

@@ -99,7 +99,8 @@ class DecoderBlock(nn.Module):
 class TextDecoder(nn.Module):
     def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int) -> None:
         super().__init__()
-        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        # perf: no random init (weights are always loaded); on the meta device it imports sympy, +80 MB RSS
+        self.token_embedding = nn.Embedding(n_vocab, n_state, _weight=torch.empty(n_vocab, n_state))
         self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
         self.blocks = nn.ModuleList(DecoderBlock(n_state, n_head) for _ in range(n_layer))
         self.ln = nn.LayerNorm(n_state)

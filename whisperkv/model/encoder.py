@@ -20,8 +20,9 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
     """Whisper's fixed positional table: sin of geometric frequencies, then cos, per position."""
     assert channels % 2 == 0
     increment = math.log(max_timescale) / (channels // 2 - 1)
-    inv_timescales = torch.exp(-increment * torch.arange(channels // 2))
-    angles = torch.arange(length)[:, None] * inv_timescales[None, :]
+    # on the CPU even inside ``torch.device("meta")``: meta arithmetic imports sympy (+80 MB RSS)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2, device="cpu"))
+    angles = torch.arange(length, device="cpu")[:, None] * inv_timescales[None, :]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
 

