@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import require_oracle
 from whisperkv.audio import (
     HOP_LENGTH,
     N_FRAMES,
@@ -274,7 +275,7 @@ def test_mp3_truncated_inside_its_header(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("n_mels", [80, 128])
 def test_mel_filters_match_reference_table(n_mels: int) -> None:
-    whisper = pytest.importorskip("whisper")
+    whisper = require_oracle("whisper")
     table = np.load(Path(whisper.__file__).parent / "assets" / "mel_filters.npz")[f"mel_{n_mels}"]
     filters = mel_filters(n_mels)
     assert filters.shape == (n_mels, 201) and filters.dtype == torch.float32
@@ -302,7 +303,7 @@ def clips() -> dict[str, np.ndarray]:
 def test_log_mel_matches_reference(
     clips: dict[str, np.ndarray], suffix: str, n_mels: int, padding: int
 ) -> None:
-    whisper_audio = pytest.importorskip("whisper.audio")
+    whisper_audio = require_oracle("whisper.audio")
     waveform = clips[suffix]
     ours = log_mel_spectrogram(waveform, n_mels, padding=padding)
     theirs = whisper_audio.log_mel_spectrogram(torch.from_numpy(waveform), n_mels, padding=padding)

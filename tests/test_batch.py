@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SPEECH_DIR
+from tests.conftest import SPEECH_DIR, require_oracle
 from whisperkv.batch.inputs import BatchItem, InputError, expand_inputs, output_stems
 from whisperkv.cli import main
 
@@ -169,7 +169,7 @@ def _actor_pids() -> list[int]:
 def test_ray_engine_survives_a_killed_worker(first_run, job_dir, tmp_path):
     """A local Ray (2 CPUs, 2 actors); one actor is killed after the first file: all files still done,
     every transcript identical to the local engine's."""
-    pytest.importorskip("ray")
+    require_oracle("ray")
     from whisperkv.batch.ray_engine import run_ray
     from whisperkv.batch.work import JobSpec
 

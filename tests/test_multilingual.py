@@ -8,7 +8,7 @@ import torch
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
-from .conftest import clip_path, speech_manifest
+from .conftest import clip_path, require_oracle, speech_manifest
 
 ALL = ("de", "es", "fr", "ja", "ru")
 
@@ -37,7 +37,7 @@ def test_english_only_model_refuses_language_detection(tiny_model):
 
 @pytest.fixture(scope="module")
 def reference_base(tmp_path_factory, base_model):
-    whisper = pytest.importorskip("whisper")
+    whisper = require_oracle("whisper")
     from whisperkv.weights.convert import convert
 
     pt = convert("base", tmp_path_factory.mktemp("base") / "base.pt", "pt")

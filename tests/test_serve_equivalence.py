@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import SPEECH_DIR, clip_path, english_clips, speech_manifest
+from tests.conftest import SPEECH_DIR, clip_path, english_clips, require_oracle, speech_manifest
 from tests.test_serve_harness import API_KEY, live_server, make_app, write_wav
 
-openai = pytest.importorskip("openai")
+openai = require_oracle("openai")
 
 #: a log-probability threshold no greedy decode reaches: every window falls back through the schedule,
 #: sampling from the job's own seeded generator (none of the clips needs fallback with the defaults)
@@ -196,9 +196,8 @@ def test_32_concurrent_with_long_form_and_translation(tiny_model, speech_dir, mu
 
 @pytest.mark.slow
 def test_translation_with_base_concurrent(base_model, speech_dir):
+    from whisperkv.engine import Scheduler
     from whisperkv.serve import ServeSettings, create_app
-
-    Scheduler = pytest.importorskip("whisperkv.engine", reason="needs the engine's Scheduler").Scheduler
 
     rows = [r for r in speech_manifest() if r["language"] != "en"]
     assert rows

@@ -18,8 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+from tests.conftest import require_oracle
+
+require_oracle("fastapi")
+uvicorn = require_oracle("uvicorn")
 
 API_KEY = "test-key"
 START_TIMEOUT_S = 30
@@ -53,7 +55,7 @@ def live_server(app) -> Iterator[str]:
 
 
 def make_app(model, *, api_key: str | None = API_KEY, max_upload_bytes: int = 8 * 2**20, **scheduler_args):
-    Scheduler = pytest.importorskip("whisperkv.engine", reason="needs the engine's Scheduler").Scheduler
+    from whisperkv.engine import Scheduler
     from whisperkv.serve import ServeSettings, create_app
 
     scheduler = Scheduler(model, **scheduler_args)
@@ -125,7 +127,7 @@ def test_health_models_and_metrics(server, speech_dir):
 
 
 def test_stream_sends_one_delta_per_segment_then_done(server, tiny_model, speech_dir):
-    openai = pytest.importorskip("openai")
+    openai = require_oracle("openai")
     import torch
 
     clip = speech_dir / "en" / "ls_1089-134686-0000.flac"

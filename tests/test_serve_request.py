@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
-pytest.importorskip("starlette")
 from starlette.datastructures import FormData, UploadFile  # noqa: E402
 
 from whisperkv.serve.errors import APIError  # noqa: E402

@@ -13,12 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 
 from tests.conftest import SPEECH_DIR
 
-pytest.importorskip("whisperkv.engine", reason="needs the engine's Scheduler")
 REPO = Path(__file__).resolve().parents[1]
 CLIP = SPEECH_DIR / "en" / "mfa_acoustic_corpus.wav"  # ~26 s: long enough to still be running at SIGTERM
 

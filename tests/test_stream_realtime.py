@@ -12,11 +12,12 @@ import time
 import numpy as np
 import pytest
 
+from tests.conftest import require_oracle
 from whisperkv.audio import load_audio
 from whisperkv.metrics import wer
 
-websockets = pytest.importorskip("websockets")
-uvicorn = pytest.importorskip("uvicorn")
+websockets = require_oracle("websockets")
+uvicorn = require_oracle("uvicorn")
 
 JFK_TEXT = (
     "And so my fellow Americans, ask not what your country can do for you, "
@@ -166,7 +167,7 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
 
 def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
     """The official client's realtime connection, pointed at the local server, in manual-commit mode."""
-    openai = pytest.importorskip("openai")
+    openai = require_oracle("openai")
     base = server.split("/v1/")[0]
     client = openai.OpenAI(
         api_key=API_KEY, base_url=base.replace("ws://", "http://") + "/v1", websocket_base_url=base + "/v1"

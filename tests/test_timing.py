@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import require_oracle
 from whisperkv.timing import (
     WordTiming,
     dtw,
@@ -167,7 +168,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def reference(model):
-    whisper = pytest.importorskip("whisper")
+    whisper = require_oracle("whisper")
     ref = whisper.model.Whisper(whisper.model.ModelDimensions(**model.dims.to_dict()))
     ref.load_state_dict(model.state_dict())
     ref.eval()

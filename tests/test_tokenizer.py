@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.conftest import require_oracle
 from whisperkv.errors import ModelLoadError
 from whisperkv.tokenizer import (
     LANGUAGES,
@@ -67,7 +68,7 @@ def ct2_config(model_dir) -> dict:
 @pytest.fixture(scope="module")
 def ref(kind):
     """The reference tokenizer for the same vocabulary (language/task as the reference defaults)."""
-    wt = pytest.importorskip("whisper.tokenizer")
+    wt = require_oracle("whisper.tokenizer")
     return wt.get_tokenizer(multilingual=kind == "multi", num_languages=99)
 
 
@@ -283,7 +284,7 @@ def test_special_ids_match_reference(tok, ref):
 
 @pytest.mark.oracle
 def test_sot_sequence_matches_reference(tok, kind):
-    wt = pytest.importorskip("whisper.tokenizer")
+    wt = require_oracle("whisper.tokenizer")
     multilingual = kind == "multi"
     ref = wt.get_tokenizer(multilingual, num_languages=99, language="de", task="translate")
     if multilingual:
@@ -353,7 +354,7 @@ def test_default_suppress_tokens_match_ctranslate2_config(tok, ct2_config):
 
 @pytest.mark.oracle
 def test_suppress_tokens_match_reference(tok, ref):
-    decoding = pytest.importorskip("whisper.decoding")
+    decoding = require_oracle("whisper.decoding")
     assert tok.non_speech_tokens == ref.non_speech_tokens
     task = SimpleNamespace(options=SimpleNamespace(suppress_tokens="-1"), tokenizer=ref)
     assert tok.default_suppress_tokens() == decoding.DecodingTask._get_suppress_tokens(task)
@@ -494,7 +495,7 @@ def test_split_to_word_tokens_unspaced():
 @pytest.mark.oracle
 @pytest.mark.parametrize(("language", "text"), WORD_CASES)
 def test_split_to_word_tokens_matches_reference(kind, tok, language, text):
-    wt = pytest.importorskip("whisper.tokenizer")
+    wt = require_oracle("whisper.tokenizer")
     multilingual = kind == "multi"
     ref = wt.get_tokenizer(multilingual, num_languages=99, language=language)
     ours = tok.with_options(language=language) if multilingual else tok

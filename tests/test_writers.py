@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import require_oracle
 from whisperkv import writers
 from whisperkv.writers import SUPPORTED_FORMATS, format_timestamp, get_writer, render
 
@@ -243,7 +244,7 @@ ORACLE_OPTIONS = [
 @pytest.mark.parametrize("options", ORACLE_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
 def test_subtitles_match_reference(tmp_path, fmt: str, options: dict) -> None:
-    whisper_utils = pytest.importorskip("whisper.utils")
+    whisper_utils = require_oracle("whisper.utils")
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     theirs.mkdir()
     get_writer(fmt, str(ours))(oracle_result(), "a.wav", dict(options))
@@ -254,7 +255,7 @@ def test_subtitles_match_reference(tmp_path, fmt: str, options: dict) -> None:
 @pytest.mark.oracle
 @pytest.mark.parametrize("fmt", SUPPORTED_FORMATS)
 def test_segment_formats_match_reference(tmp_path, fmt: str) -> None:
-    whisper_utils = pytest.importorskip("whisper.utils")
+    whisper_utils = require_oracle("whisper.utils")
     for name, result in [("basic", basic_result()), ("words", oracle_result())]:
         ours, theirs = tmp_path / name / "ours", tmp_path / name / "theirs"
         theirs.mkdir(parents=True)
