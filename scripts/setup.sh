@@ -15,6 +15,12 @@ pip install -q -e ".[all,bench,test]"
 # install re-checks it and pip prints no "dependency resolver ... triton" ERROR.
 pip install -q tiktoken numba more-itertools
 pip install -q --no-deps openai-whisper==20250625
+# A real browser for the page tests of `whisperkv explain` (Debian's chromium). Installed when missing and
+# this is a Debian-like machine where we may install; elsewhere those tests skip (and fail under CI).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "setup: chromium could not be installed; the explain page test will not run"
+fi
 CLIP=${1:-../shared/data/speech/en/jfk.flac}
 if [ -f "$CLIP" ]; then
   whisperkv transcribe "$CLIP" --output_dir out --output_format txt
