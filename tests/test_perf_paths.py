@@ -171,6 +171,7 @@ def two_utterances(speech_dir):
     )
 
 
+@pytest.mark.slow  # four batched decodes (45 s on the loaded VM); timestamps are opt-in
 def test_batched_segments_carry_timestamps_inside_their_chunks(tiny_model, two_utterances):
     from whisperkv.batched import transcribe_batched
 
