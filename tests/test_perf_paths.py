@@ -171,11 +171,12 @@ def two_utterances(speech_dir):
     )
 
 
+@pytest.mark.slow  # four batched decodes (45 s on the loaded VM); timestamps are opt-in
 def test_batched_segments_carry_timestamps_inside_their_chunks(tiny_model, two_utterances):
     from whisperkv.batched import transcribe_batched
 
-    stamped = transcribe_batched(tiny_model, two_utterances)
-    plain = transcribe_batched(tiny_model, two_utterances, timestamps=False)
+    stamped = transcribe_batched(tiny_model, two_utterances, timestamps=True)
+    plain = transcribe_batched(tiny_model, two_utterances)
     assert len(stamped["segments"]) > len(plain["segments"])  # sentence-sized cues, not one per chunk
     bounds = [(s["start"], s["end"]) for s in plain["segments"]]
     for seg in stamped["segments"]:
