@@ -184,6 +184,10 @@ def _checks(n_vocab: int | None) -> dict[str, Callable[[Any], Any]]:
         "prefix": lambda v: _check_prompt("prefix", v),
         "suppress_tokens": lambda v: _check_suppress_tokens(v, n_vocab),
         "max_initial_timestamp": lambda v: v is None or _at_least("max_initial_timestamp", v, 0),
+        "hotwords": lambda v: _text("hotwords", v),
+        # where windows are encoded (None: here; a boundary.RemoteEncoder) and whether costs are reported
+        "encoder": lambda v: v is None or hasattr(v, "encode") or _fail("encoder", f"has no encode(): {v!r}"),
+        "report_costs": lambda v: _flag("report_costs", v),
     }
 
 

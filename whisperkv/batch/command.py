@@ -38,28 +38,71 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--verify", type=int, default=0, metavar="K", help="re-transcribe K done files and compare"
     )
-    p.add_argument("--output_format", "-f", default="all", choices=[*SUPPORTED_FORMATS, "all"])
+    p.add_argument(
+        "--output_format",
+        "-f",
+        default="all",
+        choices=[*SUPPORTED_FORMATS, "all"],
+        help="output files per input (all: every format)",
+    )
     p.add_argument("--model", default="tiny.en", help="model name (tiny.en, base) or path")
-    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument(
+        "--compute_type",
+        default="default",
+        choices=["default", "float32", "int8"],
+        help="int8: faster, an approximation",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     p.add_argument(
         "--language", default=None, help="language of every file (a manifest may give one per file)"
     )
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    p.add_argument(
+        "--task", default="transcribe", choices=["transcribe", "translate"], help="translate: into English"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="first temperature of the schedule")
-    p.add_argument("--temperature_increment_on_fallback", type=_optional(float), default=0.2)
+    p.add_argument(
+        "--temperature_increment_on_fallback",
+        type=_optional(float),
+        default=0.2,
+        help="temperature step of retries (none: no retry)",
+    )
     p.add_argument("--best_of", type=_optional(int), default=5, help="samples per temperature > 0")
     p.add_argument(
         "--beam_size", type=_optional(int), default=5, help="beams at temperature 0 (none: greedy)"
     )
-    p.add_argument("--patience", type=float, default=None)
-    p.add_argument("--length_penalty", type=float, default=None)
-    p.add_argument("--initial_prompt", default=None)
-    p.add_argument("--condition_on_previous_text", type=_str2bool, default=True)
-    p.add_argument("--compression_ratio_threshold", type=_optional(float), default=2.4)
-    p.add_argument("--logprob_threshold", type=_optional(float), default=-1.0)
-    p.add_argument("--no_speech_threshold", type=_optional(float), default=0.6)
-    p.add_argument("--word_timestamps", type=_str2bool, default=False)
+    p.add_argument("--patience", type=float, default=None, help="beam search patience")
+    p.add_argument("--length_penalty", type=float, default=None, help="alpha of the length penalty, 0 to 1")
+    p.add_argument("--initial_prompt", default=None, help="text the first window is told was said before it")
+    p.add_argument(
+        "--condition_on_previous_text",
+        type=_str2bool,
+        default=True,
+        help="prompt each window with the previous text",
+    )
+    p.add_argument(
+        "--compression_ratio_threshold",
+        type=_optional(float),
+        default=2.4,
+        help="retry a window more repetitive than this",
+    )
+    p.add_argument(
+        "--logprob_threshold",
+        type=_optional(float),
+        default=-1.0,
+        help="retry a window less probable than this",
+    )
+    p.add_argument(
+        "--no_speech_threshold",
+        type=_optional(float),
+        default=0.6,
+        help="skip a silent window above this no-speech probability",
+    )
+    p.add_argument(
+        "--word_timestamps",
+        type=_str2bool,
+        default=False,
+        help="word-level timestamps (alignment heads + DTW)",
+    )
 
 
 def transcribe_options(args: argparse.Namespace) -> dict:

@@ -41,7 +41,12 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=positive_int, default=8001, help="port to listen on")
     add_model_args(p)
-    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument(
+        "--compute_type",
+        default="default",
+        choices=["default", "float32", "int8"],
+        help="int8: faster, an approximation",
+    )
     p.add_argument("--secret_file", required=True, help="file holding the secret shared with decoders")
     p.add_argument("--carry", default="features", choices=["features", "cross_kv"], help="what to send back")
 

@@ -31,7 +31,12 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--model", default="tiny.en", help="model name (tiny.en, base) or path (default: tiny.en)")
-    p.add_argument("--compute_type", default="default", choices=["default", "float32", "int8"])
+    p.add_argument(
+        "--compute_type",
+        default="default",
+        choices=["default", "float32", "int8"],
+        help="int8: faster, an approximation",
+    )
     p.add_argument("--max_batch", type=positive_int, default=16, help="rows per decoder step (default: 16)")
     p.add_argument(
         "--max_queue", type=positive_int, default=64, help="jobs queued or running before 429 (default: 64)"
