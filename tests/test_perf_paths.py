@@ -203,3 +203,12 @@ def test_silero_chunks_cover_the_speech_within_30_s(two_utterances):
         from whisperkv.batched import transcribe_batched
 
         transcribe_batched(None, two_utterances, vad="webrtc")
+
+
+def test_default_vocabulary_layout_is_fixed_not_measured(tiny_model):
+    """Every process gets the same layout (so the same bits): a timing race must not choose it."""
+    import whisperkv
+
+    assert current_layout(tiny_model.decoder) == "columns"
+    with pytest.raises(ValueError, match="vocab_layout"):
+        whisperkv.load_model("tiny.en", vocab_layout="diagonal")

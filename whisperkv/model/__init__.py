@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
-from whisperkv.model.vocab import apply_layout, choose_layout
+from whisperkv.model.vocab import DEFAULT_LAYOUT, LAYOUTS, apply_layout, choose_layout
 from whisperkv.model.whisper import Whisper
 from whisperkv.weights import Checkpoint, load_checkpoint
 
@@ -24,6 +24,8 @@ def model_from_checkpoint(
     fastest on this machine for a float32 CPU model (``load_model`` measures before reading weights).
     """
     if vocab_layout is None and str(device) == "cpu" and dtype == torch.float32:
+        vocab_layout = DEFAULT_LAYOUT
+    elif vocab_layout == "measure":
         vocab_layout, _ = choose_layout(ckpt.dims.n_vocab, ckpt.dims.n_text_state)
     with torch.device("meta"):  # no throwaway random init: the loaded tensors become the parameters
         model = Whisper(ckpt.dims)
@@ -46,8 +48,14 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     download_root: str | None = None,
     compute_type: str = "default",
+    vocab_layout: str = "columns",
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
+
+    ``vocab_layout`` (float32 on the CPU): how the tied vocabulary table is stored (``model/vocab.py``).
+    The default is fixed, not measured, so that every process loading the model computes the same bits:
+    a layout picked by a timing race would let two workers of one job give transcripts whose scores
+    differ in their last digits. ``"measure"`` times the layouts on this machine and keeps the fastest.
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
@@ -64,9 +72,13 @@ def load_model(
         dtype = getattr(torch, dtype)
     if dtype is None:
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
+    if vocab_layout not in (*LAYOUTS, "measure"):
+        raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
     layout = None
     if str(device) == "cpu" and dtype == torch.float32:
-        layout, _ = choose_layout(*_vocab_shape(name_or_path))  # before the weights: one peak, not two
+        layout = vocab_layout
+        if vocab_layout == "measure":  # before the weights: one peak, not two
+            layout, _ = choose_layout(*_vocab_shape(name_or_path))
     model = model_from_checkpoint(
         load_checkpoint(name_or_path), device=device, dtype=dtype, vocab_layout=layout
     )

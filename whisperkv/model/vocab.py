@@ -4,8 +4,9 @@ For a one-token decoder step of tiny.en this 1×384 by 384×51,864 product reads
 single cost of the step. The same bytes are read at very different speeds depending on how they are
 stored and which BLAS routine reads them (the performance issue measured 5.4 ms through MKL's GEMV on
 the row-major table, 2.6 ms on a column-major copy, 1.5 ms through NumPy's OpenBLAS on one AMD EPYC;
-another EPYC ranked them otherwise). So the layout is chosen by measuring, once per model load, on
-tables of the real shape:
+another EPYC ranked them otherwise). ``load_model(vocab_layout="measure")`` times them on tables of the real
+shape and keeps the fastest; the default is ``columns`` (fastest here, and ahead of the reference layout
+on the EPYC the issue measured), fixed so that every process computes the same bits:
 
 * ``rows``        — E row-major [V, d], ``x @ E.T`` in PyTorch: exactly what openai-whisper computes;
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
@@ -26,6 +27,8 @@ import torch
 from torch import nn
 
 LAYOUTS = ("rows", "columns", "rows-numpy")
+#: the layout a CPU float32 model gets unless asked otherwise (fixed: results must not depend on a timing)
+DEFAULT_LAYOUT = "columns"
 
 
 def column_major(weight: torch.Tensor) -> torch.Tensor:
