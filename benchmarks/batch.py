@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,18 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import cpu_model  # noqa: E402
+
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "data" / "speech"
 CONFIGS = [("local", 1), ("local", 2), ("ray", 1), ("ray", 2)]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def clips(n: int | None) -> list[tuple[str, float]]:

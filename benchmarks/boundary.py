@@ -30,20 +30,13 @@ from pathlib import Path
 import httpx
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import cpu_model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT.parent / "shared" / "data" / "speech"
 DEFAULT_AUDIO = SPEECH / "long" / "lj001_0001-0032_concat.flac"
 STAGES = ("log_mel_ms", "encoder_ms", "projection_ms", "seal_ms", "transfer_ms", "open_ms", "decode_ms")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def start_worker(model: str, carry: str, secret_file: str) -> tuple[subprocess.Popen, str]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +22,9 @@ import torch
 
 import whisperkv
 from whisperkv.engine import Scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import cpu_model  # noqa: E402
 
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "data" / "speech"
 CLIPS = [
@@ -34,16 +37,6 @@ CLIPS = [
     "timit_LDC93S1.wav",
     "mfa_acoustic_corpus.wav",
 ]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_serial(model, audios: list) -> tuple[float, list[dict]]:
