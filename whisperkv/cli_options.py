@@ -149,6 +149,41 @@ def transcribe_parser(sub) -> CliParser:
         default=True,
         help="True: print each segment as it is decoded; False: print nothing but warnings and errors",
     )
+    add_decoding_args(p)
+    opt("--highlight_words", type=str2bool, default=False, help="underline the spoken word in srt/vtt")
+    opt(
+        "--max_line_width",
+        type=optional(positive_int),
+        default=None,
+        help="characters per subtitle line",
+    )
+    opt("--max_line_count", type=optional(positive_int), default=None, help="most lines per subtitle (words)")
+    opt(
+        "--max_words_per_line",
+        type=optional(positive_int),
+        default=None,
+        help="most words per subtitle line (word timestamps; no effect with --max_line_width)",
+    )
+    opt(
+        "--batched",
+        type=str2bool,
+        default=False,
+        help="cut at silences and decode many 30 s chunks as one batch (faster, no previous-text prompt)",
+    )
+    opt("--batch_size", type=positive_int, default=8, help="chunks per batch with --batched")
+    opt(
+        "--compute_type",
+        default="default",
+        choices=["default", "float32", "int8"],
+        help="int8: quantised linear layers (an approximation); default: float32 on CPU",
+    )
+    return p
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The decoding options of ``transcribe()`` (openai-whisper's names and defaults), for every command
+    that transcribes: ``transcribe`` and ``batch`` share them, and ``transcribe_options`` reads them."""
+    opt = p.add_argument
     opt("--task", default="transcribe", choices=["transcribe", "translate"], help="translate: into English")
     opt(
         "--language",
@@ -222,20 +257,6 @@ def transcribe_parser(sub) -> CliParser:
         default="\"'.。,，!！?？:：”)]}、",
         help="with word timestamps: marks joined to the previous word",
     )
-    opt("--highlight_words", type=str2bool, default=False, help="underline the spoken word in srt/vtt")
-    opt(
-        "--max_line_width",
-        type=optional(positive_int),
-        default=None,
-        help="characters per subtitle line",
-    )
-    opt("--max_line_count", type=optional(positive_int), default=None, help="most lines per subtitle (words)")
-    opt(
-        "--max_words_per_line",
-        type=optional(positive_int),
-        default=None,
-        help="most words per subtitle line (word timestamps; no effect with --max_line_width)",
-    )
     opt(
         "--clip_timestamps",
         default="0",
@@ -246,19 +267,6 @@ def transcribe_parser(sub) -> CliParser:
         type=optional(number),
         default=None,
         help="with word timestamps: skip silences longer than this (s) around a likely hallucination",
-    )
-    opt(
-        "--batched",
-        type=str2bool,
-        default=False,
-        help="cut at silences and decode many 30 s chunks as one batch (faster, no previous-text prompt)",
-    )
-    opt("--batch_size", type=positive_int, default=8, help="chunks per batch with --batched")
-    opt(
-        "--compute_type",
-        default="default",
-        choices=["default", "float32", "int8"],
-        help="int8: quantised linear layers (an approximation); default: float32 on CPU",
     )
     return p
 
@@ -277,7 +285,7 @@ def temperature_schedule(start: float, increment: float | None) -> tuple[float, 
 def transcribe_options(args: argparse.Namespace, language_code: str | None) -> dict[str, Any]:
     """The keyword arguments of ``transcribe()`` that these command-line arguments mean."""
     return {
-        "verbose": args.verbose,
+        "verbose": getattr(args, "verbose", None),  # commands without --verbose print no segments
         "task": args.task,
         "language": language_code,
         "temperature": temperature_schedule(args.temperature, args.temperature_increment_on_fallback),

@@ -16,132 +16,57 @@ def _cores() -> int:
 
 
 def add_parser(sub) -> None:
-    from whisperkv.cli_options import optional as _optional
-    from whisperkv.cli_options import positive_int
-    from whisperkv.cli_options import str2bool as _str2bool
+    from whisperkv.cli_options import add_decoding_args, add_parser, optional, positive_int
     from whisperkv.writers import SUPPORTED_FORMATS
 
-    p = sub.add_parser(
-        "batch",
-        help="transcribe many files (folders, manifests), resumable, on local processes or Ray",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = add_parser(
+        sub, "batch", "transcribe many files (folders, manifests), resumable, on local processes or Ray"
     )
-    p.add_argument(
-        "inputs", nargs="+", metavar="INPUT", help="files, folders, or manifests (.txt/.csv/.tsv/.jsonl)"
-    )
-    p.add_argument("--output_dir", "-o", required=True, help="outputs and results.jsonl go here")
-    p.add_argument("--engine", default="local", choices=["local", "ray"], help="where the workers run")
-    p.add_argument(
-        "--ray_address", default=None, help="auto or HOST:PORT of a Ray cluster (default: a local Ray)"
-    )
-    p.add_argument("--workers", type=positive_int, default=1, help="worker processes / Ray actors")
-    p.add_argument(
-        "--verify", type=int, default=0, metavar="K", help="re-transcribe K done files and compare"
-    )
-    p.add_argument(
-        "--output_format",
-        "-f",
-        default="all",
-        choices=[*SUPPORTED_FORMATS, "all"],
-        help="output files per input (all: every format)",
-    )
-    p.add_argument("--model", default="tiny.en", help="model name (tiny.en, base) or path")
-    p.add_argument(
+    opt = p.add_argument
+    opt("inputs", nargs="+", metavar="INPUT", help="files, folders, or manifests (.txt/.csv/.tsv/.jsonl)")
+    opt("--output_dir", "-o", required=True, help="outputs and results.jsonl go here")
+    opt("--engine", default="local", choices=["local", "ray"], help="where the workers run")
+    opt("--ray_address", default=None, help="auto or HOST:PORT of a Ray cluster (default: a local Ray)")
+    opt("--workers", type=positive_int, default=1, help="worker processes / Ray actors")
+    opt("--verify", type=optional(positive_int), default=None, metavar="K", help="re-transcribe K done files")
+    opt("--output_format", "-f", default="all", choices=[*SUPPORTED_FORMATS, "all"], help="all: every format")
+    opt("--model", default="tiny.en", help="model name (tiny.en, base) or path")
+    opt(
         "--compute_type",
         default="default",
         choices=["default", "float32", "int8"],
-        help="int8: faster, an approximation",
+        help="int8: an approximation",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
-    p.add_argument(
-        "--language", default=None, help="language of every file (a manifest may give one per file)"
+    opt(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads per worker (default: cores / workers)",
     )
-    p.add_argument(
-        "--task", default="transcribe", choices=["transcribe", "translate"], help="translate: into English"
-    )
-    p.add_argument("--temperature", type=float, default=0.0, help="first temperature of the schedule")
-    p.add_argument(
-        "--temperature_increment_on_fallback",
-        type=_optional(float),
-        default=0.2,
-        help="temperature step of retries (none: no retry)",
-    )
-    p.add_argument("--best_of", type=_optional(int), default=5, help="samples per temperature > 0")
-    p.add_argument(
-        "--beam_size", type=_optional(int), default=5, help="beams at temperature 0 (none: greedy)"
-    )
-    p.add_argument("--patience", type=float, default=None, help="beam search patience")
-    p.add_argument("--length_penalty", type=float, default=None, help="alpha of the length penalty, 0 to 1")
-    p.add_argument("--initial_prompt", default=None, help="text the first window is told was said before it")
-    p.add_argument(
-        "--condition_on_previous_text",
-        type=_str2bool,
-        default=True,
-        help="prompt each window with the previous text",
-    )
-    p.add_argument(
-        "--compression_ratio_threshold",
-        type=_optional(float),
-        default=2.4,
-        help="retry a window more repetitive than this",
-    )
-    p.add_argument(
-        "--logprob_threshold",
-        type=_optional(float),
-        default=-1.0,
-        help="retry a window less probable than this",
-    )
-    p.add_argument(
-        "--no_speech_threshold",
-        type=_optional(float),
-        default=0.6,
-        help="skip a silent window above this no-speech probability",
-    )
-    p.add_argument(
-        "--word_timestamps",
-        type=_str2bool,
-        default=False,
-        help="word-level timestamps (alignment heads + DTW)",
-    )
+    opt("--debug", action="store_true", help="show the traceback of an unexpected error")
+    add_decoding_args(p)  # transcribe's options, names and defaults: a file's outputs are transcribe's
 
 
 def transcribe_options(args: argparse.Namespace) -> dict:
-    from whisperkv.cli_options import temperature_schedule as _temperatures
+    """The transcribe() options of the job (the same mapping ``whisperkv transcribe`` uses)."""
+    from whisperkv.cli_options import transcribe_options as options_from_args
 
-    for name in ("beam_size", "best_of"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be at least 1 (or none), got {value}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be at least 0, got {args.temperature}")
-    if args.verify < 0:
-        raise ValueError(f"--verify must be at least 0, got {args.verify}")
-    return {
-        "task": args.task,
-        "language": args.language,
-        "temperature": _temperatures(args.temperature, args.temperature_increment_on_fallback),
-        "best_of": args.best_of,
-        "beam_size": args.beam_size,
-        "patience": args.patience,
-        "length_penalty": args.length_penalty,
-        "initial_prompt": args.initial_prompt,
-        "condition_on_previous_text": args.condition_on_previous_text,
-        "compression_ratio_threshold": args.compression_ratio_threshold,
-        "logprob_threshold": args.logprob_threshold,
-        "no_speech_threshold": args.no_speech_threshold,
-        "word_timestamps": args.word_timestamps,
-    }
+    options = options_from_args(args, args.language)
+    options.pop("verbose")  # workers print no segments
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
     from whisperkv.batch.inputs import InputError
     from whisperkv.batch.job import run_batch
     from whisperkv.batch.work import JobSpec
+    from whisperkv.options_check import OptionError, check_transcribe_options
 
+    options = transcribe_options(args)
     try:
-        options = transcribe_options(args)
-    except ValueError as err:
-        print(f"whisperkv batch: error: {err}", file=sys.stderr)
+        check_transcribe_options(None, options)
+    except OptionError as err:
+        print(f"whisperkv batch: error: argument --{err.option}: {err.reason}", file=sys.stderr)
         return 2
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         print(
@@ -159,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"whisperkv batch: error: {args.model} is English-only; use --model base", file=sys.stderr)
         return 2
     try:
-        report = run_batch(args.inputs, spec, model, args.engine, args.workers, args.ray_address, args.verify)
+        report = run_batch(
+            args.inputs, spec, model, args.engine, args.workers, args.ray_address, args.verify or 0
+        )
     except InputError as err:
         print(f"whisperkv batch: error: {err}", file=sys.stderr)
         return 2
