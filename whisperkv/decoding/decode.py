@@ -16,7 +16,7 @@ at every step. Both paths must produce the same tokens.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -108,6 +108,26 @@ def logit_filters(
     return filters
 
 
+class DecodePlan(NamedTuple):
+    """What every decoding loop derives from its options before the first step. One place computes it, so
+    the plain, batched (engine), streaming and explained loops cannot drift apart."""
+
+    prompt: list[int]  # the tokens fed before sampling
+    sample_len: int  # most tokens to sample
+    sample_begin: int  # index of the first sampled token
+    sot_index: int  # where <|startoftranscript|> sits (its logits give the no-speech probability)
+    filters: list[LogitFilter]
+
+
+def plan_decode(model: Whisper, tokenizer: Tokenizer, options: DecodingOptions) -> DecodePlan:
+    n_ctx = model.dims.n_text_ctx
+    sample_len = options.sample_len or n_ctx // 2
+    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
+    sample_begin = len(prompt)
+    filters = logit_filters(tokenizer, options, sample_begin, model.dims.n_audio_ctx)
+    return DecodePlan(prompt, sample_len, sample_begin, prompt.index(tokenizer.sot), filters)
+
+
 @torch.no_grad()
 def decode_window(
     model: Whisper,
@@ -152,11 +172,7 @@ def decode_windows(
     """
     check_options(options)
     n_ctx = model.dims.n_text_ctx
-    sample_len = options.sample_len or n_ctx // 2
-    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
-    sample_begin = len(prompt)
-    sot_index = prompt.index(tokenizer.sot)
-    filters = logit_filters(tokenizer, options, sample_begin, model.dims.n_audio_ctx)
+    prompt, sample_len, sample_begin, sot_index, filters = plan_decode(model, tokenizer, options)
 
     if options.temperature > 0:
         n_group = options.best_of or 1

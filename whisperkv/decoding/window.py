@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from whisperkv.decoding.decode import cache_report, check_options, initial_tokens, logit_filters
+from whisperkv.decoding.decode import cache_report, check_options, plan_decode
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
 from whisperkv.errors import CacheReuseError
@@ -55,11 +55,9 @@ class WindowDecode:
         self.options = options
         self.request_id = request_id
         self.n_ctx = model.dims.n_text_ctx
-        self.sample_len = options.sample_len or self.n_ctx // 2
-        prompt = initial_tokens(tokenizer, options, self.n_ctx, self.sample_len)
-        self.sample_begin = len(prompt)
-        self.sot_index = prompt.index(tokenizer.sot)
-        self.filters = logit_filters(tokenizer, options, self.sample_begin, model.dims.n_audio_ctx)
+        prompt, self.sample_len, self.sample_begin, self.sot_index, self.filters = plan_decode(
+            model, tokenizer, options
+        )
         if options.temperature > 0:
             self.n_group = options.best_of or 1
             self.searcher: GreedySearch | BeamSearch = GreedySearch(

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from whisperkv.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram, pad_or_trim
-from whisperkv.decoding.decode import initial_tokens, logit_filters
+from whisperkv.decoding.decode import logit_filters, plan_decode
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
 from whisperkv.timing import alignment_matrix
@@ -204,11 +204,7 @@ def trace_window(
 def _replay(model: Whisper, tokenizer: Tokenizer, cross_kv: list, options: DecodingOptions) -> dict:
     """The decoding loop of ``decode_windows`` for one window, with a stopwatch and a ruler per call."""
     n_ctx = model.dims.n_text_ctx
-    sample_len = n_ctx // 2
-    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
-    sample_begin = len(prompt)
-    sot_index = prompt.index(tokenizer.sot)
-    filters = logit_filters(tokenizer, options, sample_begin, model.dims.n_audio_ctx)
+    prompt, sample_len, sample_begin, sot_index, filters = plan_decode(model, tokenizer, options)
     if options.beam_size:
         n_group, searcher = options.beam_size, BeamSearch(options.beam_size, tokenizer.eot, options.patience)
     else:

@@ -18,7 +18,7 @@ import torch
 
 from whisperkv.cache.provenance import SelfKVProvenance
 from whisperkv.cache.store import EncodedWindow
-from whisperkv.decoding.decode import check_options, initial_tokens, logit_filters
+from whisperkv.decoding.decode import check_options, plan_decode
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.search import GreedySearch
 
@@ -59,11 +59,7 @@ def decode_greedy(
     if options.beam_size or options.best_of:
         raise ValueError("streaming decodes one greedy row: beam_size and best_of are not supported")
     n_ctx = model.dims.n_text_ctx
-    sample_len = options.sample_len or n_ctx // 2
-    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
-    sample_begin = len(prompt)
-    sot_index = prompt.index(tokenizer.sot)
-    filters = logit_filters(tokenizer, options, sample_begin, model.dims.n_audio_ctx)
+    prompt, sample_len, sample_begin, sot_index, filters = plan_decode(model, tokenizer, options)
     searcher = GreedySearch(options.temperature, tokenizer.eot, generator)
 
     tokens = torch.tensor([prompt], device=model.device)
