@@ -38,7 +38,7 @@ def test_fused_qkv_is_bit_identical_to_separate_projections(tiny_model, rows, po
 def test_fused_weights_are_views_and_survive_a_dtype_change():
     model = whisperkv.load_model("tiny.en")
     attn = model.decoder.blocks[1].attn
-    fused = attn.qkv.keywords["weight"]
+    fused = attn.qkv.weight  # a decoder's fused projection takes its steps as row GEMMs (row_gemm.py)
     assert attn.key.weight.data_ptr() == fused[attn.n_head * 0 + fused.shape[0] // 3 :].data_ptr()
     model.to(torch.float64)  # new tensors everywhere: the fused matrix must follow, not go stale
     h = torch.randn(1, 3, attn.query.weight.shape[1], dtype=torch.float64)

@@ -64,7 +64,7 @@ def test_every_vocabulary_layout_gives_the_reference_logits_and_tokens(tiny_mode
         apply_layout(decoder, before)
     clips = sorted(english_clips(), key=lambda r: float(r["duration_s"]))[2:4]  # two short real clips
     tokens, worst = _layout_runs(tiny_model, [clip_path(r) for r in clips])
-    assert tokens["columns"] == tokens["rows"] and tokens["rows-numpy"] == tokens["rows"]
+    assert all(tokens[layout] == tokens["rows"] for layout in LAYOUTS)
     assert all(len(t) > 1 for t in tokens["rows"])  # real transcripts, not an empty decode
     assert worst < 1e-3
 
@@ -74,7 +74,7 @@ def test_vocabulary_layouts_agree_on_every_english_clip(tiny_model, speech_dir, 
     tokens, worst = _layout_runs(tiny_model, [clip_path(r) for r in english_clips()])
     with capsys.disabled():
         print(f"\nvocabulary layouts over {len(tokens['rows'])} clips: max |dlogit| {worst:.2e}")
-    assert tokens["columns"] == tokens["rows"] and tokens["rows-numpy"] == tokens["rows"]
+    assert all(tokens[layout] == tokens["rows"] for layout in LAYOUTS)
 
 
 def _project(decoder, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ def test_memory_mapped_loading_equals_reading_the_bytes():
     assert mapped.keys() == from_bytes.keys()
     for name, tensor in from_bytes.items():
         assert torch.equal(mapped[name], tensor), name
-    assert mapped["decoder.token_embedding.weight"].T.is_contiguous()  # stored column-major
+    assert mapped["decoder.token_embedding.weight"].is_contiguous()  # row-major: the default layout's
 
 
 def test_model_split_into_parts_reads_across_the_cut(tmp_path):
@@ -209,6 +209,72 @@ def test_default_vocabulary_layout_is_fixed_not_measured(tiny_model):
     """Every process gets the same layout (so the same bits): a timing race must not choose it."""
     import whisperkv
 
-    assert current_layout(tiny_model.decoder) == "columns"
+    assert current_layout(tiny_model.decoder) == "rows-gemm"
     with pytest.raises(ValueError, match="vocab_layout"):
         whisperkv.load_model("tiny.en", vocab_layout="diagonal")
+
+
+def test_chunk_widths_cover_every_row_count_with_twos_and_threes():
+    from whisperkv.model.row_gemm import chunk_widths
+
+    assert chunk_widths(1) == [2] and chunk_widths(4) == [2, 2] and chunk_widths(7) == [3, 2, 2]
+    for n in range(1, 40):
+        widths = chunk_widths(n)
+        assert set(widths) <= {2, 3} and n <= sum(widths) <= max(n, 2)
+        assert chunk_widths(n, (2,)) == [2] * ((n + 1) // 2)
+
+
+def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
+    """Each decoder matrix: a row's product alone equals the same row among 1..9 others, bit for bit,
+    and is within float rounding of the reference ``x @ W.T``."""
+    from whisperkv.model.row_gemm import rows_times
+
+    decoder = tiny_model.decoder
+    block = decoder.blocks[1]
+    x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(3))
+    for weight, linear in (
+        (block.attn.qkv.weight, block.attn.qkv),
+        (block.mlp[0].weight, block.mlp[0]),
+        (block.mlp[2].weight, block.mlp[2]),
+        (decoder.token_embedding.weight, decoder.logits_projection),
+    ):
+        rows = x[:, : weight.shape[1]].contiguous()
+        widths = getattr(linear, "widths", (3, 2))
+        solo = [rows_times(weight, rows[i : i + 1], widths)[0] for i in range(9)]
+        for n in range(1, 10):
+            out = rows_times(weight, rows[:n], widths)
+            assert out.is_contiguous()
+            for i in range(n):
+                assert torch.equal(out[i], solo[i]), (tuple(weight.shape), n, i)
+        assert (torch.stack(solo) - rows @ weight.T).abs().max() < 1e-4
+        # the module itself takes one-position rows this way, and longer inputs as F.linear does
+        bias = getattr(linear, "bias", None)
+        expected = out[:4] if bias is None else out[:4] + bias
+        assert torch.equal(linear(rows[:4, None])[:, 0], expected)
+        if linear is not decoder.logits_projection:  # the projection reads every row its own way
+            prompt = rows[None, :4]  # several positions of one row: F.linear as before
+            assert torch.equal(linear(prompt), torch.nn.functional.linear(prompt, weight, bias))
+
+
+def test_a_decoder_step_of_many_caches_equals_each_alone(tiny_model):
+    """forward_rows over three windows' caches gives each window's logits bit for bit as its solo step."""
+    dec = tiny_model.decoder
+    g = torch.Generator().manual_seed(5)
+    features = [torch.randn(1, 1500, 384, generator=g) for _ in range(3)]
+    crosses = [dec.project_cross_kv(f, tiny_model.encoder_provenance(f)) for f in features]
+
+    def fresh():
+        caches = [dec.new_cache(c, batch_size=rows) for c, rows in zip(crosses, (1, 2, 1))]
+        for cache, rows in zip(caches, (1, 2, 1)):
+            dec(torch.tensor([[50257, 50362]] * rows), cache)
+        return caches
+
+    with torch.no_grad():
+        caches = fresh()
+        tokens = [torch.tensor([[440]]), torch.tensor([[440], [262]]), torch.tensor([[11]])]
+        together = dec.forward_rows(list(zip(tokens, caches)))
+        start = 0
+        for i, t in enumerate(tokens):
+            alone = dec.forward_rows([(t, fresh()[i])])
+            assert torch.equal(together[start : start + t.shape[0]], alone), i
+            start += t.shape[0]

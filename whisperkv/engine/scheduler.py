@@ -10,7 +10,7 @@ A tick, top to bottom:
    job, which asks for a temperature retry, moves on to its next window, or is done.
 
 The job is the long-form loop (``job.py``); the scheduler only decides what runs together. A job's
-result does not depend on what else is in the batch (see ``ROW_MULTIPLE`` in ``model/decoder.py``).
+result does not depend on what else is in the batch (see ``model/row_gemm.py``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
+from whisperkv.model.row_gemm import adopt_row_gemm
 from whisperkv.model.vocab import DEFAULT_LAYOUT, LAYOUTS, apply_layout, choose_layout
 from whisperkv.model.whisper import Whisper
 from whisperkv.weights import Checkpoint, load_checkpoint
@@ -39,6 +40,8 @@ def model_from_checkpoint(
     model.fuse_qkv()
     if vocab_layout is not None:
         apply_layout(model.decoder, vocab_layout)
+    if str(device) == "cpu" and dtype == torch.float32:
+        adopt_row_gemm(model.decoder)  # decoder steps as 2-3 column GEMMs (model/row_gemm.py)
     return model
 
 
@@ -48,7 +51,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     download_root: str | None = None,
     compute_type: str = "default",
-    vocab_layout: str = "columns",
+    vocab_layout: str = DEFAULT_LAYOUT,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
 

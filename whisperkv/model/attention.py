@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from whisperkv.model.row_gemm import FusedRowGemm
+
 
 class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int) -> None:
@@ -55,8 +57,8 @@ class MultiHeadAttention(nn.Module):
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
         """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again."""
         super()._apply(fn, recurse)
-        if isinstance(self.qkv, functools.partial):
-            self.fuse_qkv()
+        if isinstance(self.qkv, (functools.partial, FusedRowGemm)):
+            self.fuse_qkv()  # plain F.linear again; ``load_model`` adopts row GEMMs after moving
         return self
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

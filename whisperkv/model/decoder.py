@@ -20,19 +20,6 @@ from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.model.attention import MultiHeadAttention, attend
 from whisperkv.model.encoder import mlp
 
-#: rows of a batched decoder step are padded to a multiple of this. On the CPU a matrix product's row i
-#: then has the same bits whatever the other rows are (measured with MKL/oneDNN sgemm: rows in a short
-#: tail block take another kernel), so a row batched with others equals its solo run, bit for bit.
-ROW_MULTIPLE = 4
-
-
-def _with_padding(outs: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Concatenate per-cache attention outputs and zero rows up to ``like``'s row count."""
-    n = sum(o.shape[0] for o in outs)
-    if n < like.shape[0]:
-        outs = [*outs, like.new_zeros((like.shape[0] - n, *like.shape[1:]))]
-    return torch.cat(outs)
-
 
 class DecoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int) -> None:
@@ -68,7 +55,6 @@ class DecoderBlock(nn.Module):
 
         The linears and the MLP run once over all N rows; attention runs per cache, each over its own
         Self-KV length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
-        Rows past ``sum(sizes)`` are padding: they go through the linears and attend to nothing.
         """
         q, k, v = self.attn.project_qkv(self.attn_ln(x))
         outs, start = [], 0
@@ -78,13 +64,13 @@ class DecoderBlock(nn.Module):
             self_kv.append(k[rows], v[rows])
             outs.append(attend(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
             start += size
-        x = x + self.attn.out(_with_padding(outs, x))
+        x = x + self.attn.out(torch.cat(outs))
         q = self.cross_attn.query(self.cross_attn_ln(x))
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
             outs.append(attend(q[start : start + size], cross_kv.key, cross_kv.value))
             start += size
-        x = x + self.cross_attn.out(_with_padding(outs, x))
+        x = x + self.cross_attn.out(torch.cat(outs))
         return x + self.mlp(self.mlp_ln(x))
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
@@ -174,15 +160,11 @@ class TextDecoder(nn.Module):
 
         ``groups`` pairs each cache with its rows' next tokens [rows, 1]. Each row is embedded at its
         own cache's position; attention stays within each cache (see ``DecoderBlock.forward_rows``);
-        every linear, the MLP and the vocabulary projection run once for all rows, padded to
-        ``ROW_MULTIPLE`` rows so that no row's numbers depend on how many others share the step.
+        every linear, the MLP and the vocabulary projection run once for all rows, as GEMMs of 2 or 3
+        rows (``model/row_gemm.py``) so that no row's numbers depend on how many others share the step.
         """
         sizes = [tokens.shape[0] for tokens, _ in groups]
         x = torch.cat([self._embed(tokens, cache.offset) for tokens, cache in groups])
-        n = x.shape[0]
-        padding = -n % ROW_MULTIPLE
-        if padding:
-            x = torch.cat([x, x.new_zeros((padding, *x.shape[1:]))])
         for i, block in enumerate(self.blocks):
             x = block.forward_rows(
                 x,
@@ -192,7 +174,7 @@ class TextDecoder(nn.Module):
             )
         for tokens, cache in groups:
             cache.record_tokens(tokens)
-        return self._logits(x)[:n, -1]
+        return self._logits(x)[:, -1]
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] for the whole sequence ``tokens``, recomputing everything."""

@@ -225,8 +225,8 @@ def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict
         _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}")
     _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
 
-    # the tied vocabulary table, column-major: the layout most CPUs project fastest (``model/vocab.py``)
-    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight", column_major=True)
+    # the tied vocabulary table, row-major: the default layout reads it so (``model/vocab.py``)
+    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
     sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
     for i in range(n_dec):
         s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
