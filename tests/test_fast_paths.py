@@ -113,7 +113,7 @@ def test_int8_model_layout(int8_model):
     assert "+int8" in int8_model.weights_digest
     if cpu_has_fast_bfloat16():
         assert int8_model.encoder_dtype == torch.bfloat16
-        assert decoder.kv_dtype == torch.bfloat16
+        assert decoder.kv_dtype is None  # float32 caches: attention over bfloat16 ones was slower
     else:
         assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8Linear)
     features = int8_model.embed_audio(torch.zeros(1, 80, 3000))

@@ -114,8 +114,9 @@ def quantize_int8(model: Whisper, encoder_bfloat16: bool | None = None) -> Whisp
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
     _replace_linears(model.decoder.blocks)
     if encoder_bfloat16:
+        # the caches stay float32 (kv_dtype None): a decoder step's attention over bfloat16 keys took
+        # 294 µs a call against 110 µs in float32 here, and 60 s of speech 1.82 s against 1.44 s
         model.encoder.to(torch.bfloat16)
-        model.decoder.kv_dtype = torch.bfloat16
     else:
         _replace_linears(model.encoder.blocks)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
