@@ -215,23 +215,39 @@ def test_default_vocabulary_layout_is_fixed_not_measured(tiny_model):
 
 
 def test_chunk_widths_cover_every_row_count_with_twos_and_threes():
-    from whisperkv.model.row_gemm import chunk_widths
+    from whisperkv.model.row_gemm import chunk_widths, group_widths
 
     assert chunk_widths(1) == [2] and chunk_widths(4) == [2, 2] and chunk_widths(7) == [3, 2, 2]
     for n in range(1, 40):
         widths = chunk_widths(n)
         assert set(widths) <= {2, 3} and n <= sum(widths) <= max(n, 2)
         assert chunk_widths(n, (2,)) == [2] * ((n + 1) // 2)
+    assert group_widths(5) == [5] and group_widths(11) == [6, 5] and group_widths(16) == [8, 8]
+    for n in range(4, 60):
+        assert sum(group_widths(n)) == n and all(4 <= w <= 10 for w in group_widths(n))
+
+
+def test_row_plan_packs_small_groups_and_keeps_large_groups_alone():
+    from whisperkv.model.row_gemm import RowWidths, plan_rows
+
+    widths = RowWidths(torch.randn(8, 4))
+    assert plan_rows([1], widths) == [(0, 1, 2)]  # one row, padded to a GEMM of two
+    assert plan_rows([1, 1, 1], widths) == [(0, 3, 3)]
+    assert plan_rows([1, 5, 2], widths) == [(0, 1, 2), (1, 6, 5), (6, 8, 2)]
+    assert plan_rows([12], widths) == [(0, 6, 6), (6, 12, 6)]
+    widths.large = False  # where 4..10 columns disagree on this CPU, beams are packed like the rest
+    assert plan_rows([5], widths) == [(0, 3, 3), (3, 5, 2)]
 
 
 def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
-    """Each decoder matrix: a row's product alone equals the same row among 1..9 others, bit for bit,
-    and is within float rounding of the reference ``x @ W.T``."""
+    """Each decoder matrix: a row's product alone equals the same row among 1..8 other windows' rows,
+    a beam group's rows equal their group alone whatever is around it, and both are within float
+    rounding of the reference ``x @ W.T``."""
     from whisperkv.model.row_gemm import rows_times
 
     decoder = tiny_model.decoder
     block = decoder.blocks[1]
-    x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(14, 1536, generator=torch.Generator().manual_seed(3))
     for weight, linear in (
         (block.attn.qkv.weight, block.attn.qkv),
         (block.mlp[0].weight, block.mlp[0]),
@@ -239,17 +255,32 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         (decoder.token_embedding.weight, decoder.logits_projection),
     ):
         rows = x[:, : weight.shape[1]].contiguous()
-        widths = getattr(linear, "widths", (3, 2))
+        widths = linear.widths
         solo = [rows_times(weight, rows[i : i + 1], widths)[0] for i in range(9)]
         for n in range(1, 10):
-            out = rows_times(weight, rows[:n], widths)
+            out = rows_times(weight, rows[:n], widths, [1] * n)
             assert out.is_contiguous()
             for i in range(n):
                 assert torch.equal(out[i], solo[i]), (tuple(weight.shape), n, i)
-        assert (torch.stack(solo) - rows @ weight.T).abs().max() < 1e-4
+        beams = rows_times(weight, rows[9:14], widths)  # one window of 5 beams, alone
+        for sizes in ([1, 5], [2, 1, 5, 3], [5, 1]):
+            mixed = torch.cat([rows[:9][: sum(sizes) - 5], rows[9:14]]) if sizes[-1] != 1 else None
+            if sizes == [5, 1]:
+                out = rows_times(weight, torch.cat([rows[9:14], rows[:1]]), widths, sizes)
+                assert torch.equal(out[:5], beams) and torch.equal(out[5], solo[0])
+                continue
+            before = sum(sizes[: sizes.index(5)])
+            mixed = torch.cat([rows[:before], rows[9:14], rows[before : sum(sizes) - 5]])
+            out = rows_times(weight, mixed, widths, sizes)
+            assert torch.equal(out[before : before + 5], beams), (tuple(weight.shape), sizes)
+            for i in [*range(before), *range(before + 5, sum(sizes))]:
+                j = i if i < before else i - 5
+                assert torch.equal(out[i], solo[j]), (tuple(weight.shape), sizes, i)
+        assert (torch.stack(solo) - rows[:9] @ weight.T).abs().max() < 1e-4
         # the module itself takes one-position rows this way, and longer inputs as F.linear does
         bias = getattr(linear, "bias", None)
-        expected = out[:4] if bias is None else out[:4] + bias
+        expected = rows_times(weight, rows[:4], widths)
+        expected = expected if bias is None else expected + bias
         assert torch.equal(linear(rows[:4, None])[:, 0], expected)
         if linear is not decoder.logits_projection:  # the projection reads every row its own way
             prompt = rows[None, :4]  # several positions of one row: F.linear as before

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from whisperkv.model.row_gemm import FusedRowGemm
+from whisperkv.model.row_gemm import FusedRowGemm, linear_rows
 
 
 class MultiHeadAttention(nn.Module):
@@ -61,12 +61,17 @@ class MultiHeadAttention(nn.Module):
             self.fuse_qkv()  # plain F.linear again; ``load_model`` adopts row GEMMs after moving
         return self
 
-    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries [B, T, d] and head-split keys/values [B, H, T, d/H] (views) of ``x`` [B, T, d]."""
+    def project_qkv(
+        self, x: torch.Tensor, sizes: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [B, T, d] and head-split keys/values [B, H, T, d/H] (views) of ``x`` [B, T, d].
+
+        ``sizes``: how a decoder step's rows group into caches (``model/row_gemm.py``).
+        """
         if self.qkv is None:
             q, k, v = self.query(x), self.key(x), self.value(x)
         else:
-            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            q, k, v = linear_rows(self.qkv, x, sizes).chunk(3, dim=-1)
         return q, heads(k, self.n_head), heads(v, self.n_head)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.model.attention import MultiHeadAttention, attend
 from whisperkv.model.encoder import mlp
+from whisperkv.model.row_gemm import linear_rows
 
 
 class DecoderBlock(nn.Module):
@@ -56,7 +57,7 @@ class DecoderBlock(nn.Module):
         The linears and the MLP run once over all N rows; attention runs per cache, each over its own
         Self-KV length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
         """
-        q, k, v = self.attn.project_qkv(self.attn_ln(x))
+        q, k, v = self.attn.project_qkv(self.attn_ln(x), sizes)
         outs, start = [], 0
         for size, self_kv in zip(sizes, self_kvs, strict=True):
             rows = slice(start, start + size)
@@ -64,14 +65,15 @@ class DecoderBlock(nn.Module):
             self_kv.append(k[rows], v[rows])
             outs.append(attend(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
             start += size
-        x = x + self.attn.out(torch.cat(outs))
-        q = self.cross_attn.query(self.cross_attn_ln(x))
+        x = x + linear_rows(self.attn.out, torch.cat(outs), sizes)
+        q = linear_rows(self.cross_attn.query, self.cross_attn_ln(x), sizes)
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
             outs.append(attend(q[start : start + size], cross_kv.key, cross_kv.value))
             start += size
-        x = x + self.cross_attn.out(torch.cat(outs))
-        return x + self.mlp(self.mlp_ln(x))
+        x = x + linear_rows(self.cross_attn.out, torch.cat(outs), sizes)
+        up, activation, down = self.mlp
+        return x + linear_rows(down, activation(linear_rows(up, self.mlp_ln(x), sizes)), sizes)
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         h = self.attn_ln(x)
@@ -133,10 +135,10 @@ class TextDecoder(nn.Module):
             self.token_embedding.weight.dtype
         )
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         x = self.ln(x)
         if self.logits_projection is not None:
-            return self.logits_projection(x).float()
+            return linear_rows(self.logits_projection, x, sizes).float()
         return (x @ self.token_embedding.weight.to(x.dtype).T).float()
 
     def forward(
@@ -160,8 +162,9 @@ class TextDecoder(nn.Module):
 
         ``groups`` pairs each cache with its rows' next tokens [rows, 1]. Each row is embedded at its
         own cache's position; attention stays within each cache (see ``DecoderBlock.forward_rows``);
-        every linear, the MLP and the vocabulary projection run once for all rows, as GEMMs of 2 or 3
-        rows (``model/row_gemm.py``) so that no row's numbers depend on how many others share the step.
+        every linear, the MLP and the vocabulary projection run once for all rows, as GEMMs cut along
+        the caches' row groups (``model/row_gemm.py``) so that no row's numbers depend on the other
+        caches in the step.
         """
         sizes = [tokens.shape[0] for tokens, _ in groups]
         x = torch.cat([self._embed(tokens, cache.offset) for tokens, cache in groups])
@@ -174,7 +177,7 @@ class TextDecoder(nn.Module):
             )
         for tokens, cache in groups:
             cache.record_tokens(tokens)
-        return self._logits(x)[:, -1]
+        return self._logits(x, sizes)[:, -1]
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] for the whole sequence ``tokens``, recomputing everything."""

@@ -10,11 +10,11 @@ on the EPYC the issue measured), fixed so that every process computes the same b
 
 * ``rows``        — E row-major [V, d], ``x @ E.T`` in PyTorch: exactly what openai-whisper computes;
 * ``rows-gemm``   — E row-major, read by ``ChunkedRowProjection``: ``E @ X.T`` with X cut into chunks of
-  2 or 3 rows (one row is padded with zeros to two). MKL runs a product with 2 or more right-hand
-  columns as a GEMM that reads the table at memory speed (tiny.en: 2 rows 1.9 ms, 3 rows 2.8 ms, where
-  one row through ``x @ E.T`` took 7.8 ms and four through the column-major table 9.5 ms), and the
-  bits of a row depend only on the chunk width class, never on its neighbours — so a row batched with
-  other requests' rows equals its solo run (checked when the projection is built);
+  2–3 rows, or of one beam group's 4–10 rows (``model/row_gemm.py``). MKL runs a product with 2 or
+  more right-hand columns as a GEMM that reads the table at memory speed (tiny.en: 2 rows 1.9 ms,
+  3 rows 2.8 ms, where one row through ``x @ E.T`` took 7.8 ms and four through the column-major table
+  9.5 ms), and a row's bits never depend on rows of other windows — so a row batched with other
+  requests' rows equals its solo run (checked when the projection is built);
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
   ``x @ E.T`` reads a contiguous [d, V] matrix;
 * ``rows-numpy``  — E row-major, one-row products through NumPy (``E @ x``, OpenBLAS GEMV).
@@ -32,7 +32,7 @@ import time
 import torch
 from torch import nn
 
-from whisperkv.model.row_gemm import checked_widths, rows_times
+from whisperkv.model.row_gemm import RowWidths, rows_times
 
 LAYOUTS = ("rows", "columns", "rows-numpy", "rows-gemm")
 #: the layout a CPU float32 model gets unless asked otherwise (fixed: results must not depend on a timing)
@@ -75,15 +75,18 @@ class ChunkedRowProjection(nn.Module):
     The table is the embedding's own storage, held as a plain attribute (never a second parameter).
     """
 
+    groups_rows = True  # takes ``sizes`` (see ``row_gemm.linear_rows``)
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = weight.detach()
-        self.widths = checked_widths(self.weight) if self.weight.device.type == "cpu" else (2,)
+        self.widths = RowWidths(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return x @ self.weight.to(x.dtype).T
-        return rows_times(self.weight, x.reshape(-1, x.shape[-1]), self.widths).reshape(*x.shape[:-1], -1)
+        rows = x.reshape(-1, x.shape[-1])
+        return rows_times(self.weight, rows, self.widths, sizes).reshape(*x.shape[:-1], -1)
 
 
 def _timings(n_vocab: int, n_state: int, repeats: int) -> dict[str, float]:
