@@ -37,6 +37,18 @@ def median_ms(fn, repeats: int, inner: int = 5) -> float:
     return statistics.median(times) * 1e3
 
 
+def _bandwidth_gb_s(mb: int = 400, repeats: int = 9) -> float:
+    """Read speed of a buffer far larger than the caches (the median of ``repeats`` sums), GB/s."""
+    buffer = torch.ones(mb * 1_000_000 // 4)
+    buffer.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - start)
+    return mb / 1e3 / statistics.median(times)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny.en")
@@ -74,9 +86,22 @@ def main() -> int:
             reset()
             decoder(token, cache)
 
+        beams = decoder.new_cache(cross, batch_size=5)  # a beam-5 window, as the engine steps it
+        decoder(torch.full((5, args.position), 50257), beams)
+        beam_tokens = torch.full((5, 1), 440)
+
+        def engine_step(rows_cache=cache, tokens=token) -> None:
+            for kv in rows_cache.self_kv:
+                kv.length = held
+            decoder.forward_rows([(tokens, rows_cache)])
+
         x = decoder._embed(token, held)
         parts: dict[str, float] = {}
         parts["whole step (TextDecoder.forward)"] = median_ms(step, args.repeats)
+        parts["whole step, engine (forward_rows), 1 row"] = median_ms(engine_step, args.repeats)
+        parts["whole step, engine, 5 beam rows"] = median_ms(
+            lambda: engine_step(beams, beam_tokens), args.repeats
+        )
         parts["embedding"] = median_ms(lambda: decoder._embed(token, held), args.repeats)
         for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
 
@@ -108,6 +133,10 @@ def main() -> int:
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
+    step_bytes = sum(t.numel() * t.element_size() for t in decoder.blocks.parameters())
+    step_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
+    step_bytes += decoder.token_embedding.weight.nbytes if model.compute_type != "int8" else 0
+    bandwidth = _bandwidth_gb_s()
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
     print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))
     print(f"\n{'part of one greedy step':<48}{'median ms':>10}")
@@ -116,6 +145,11 @@ def main() -> int:
         print(f"{name:<48}{ms:>10.3f}")
     print(f"{'sum of the layers':<48}{layers:>10.3f}")
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
+    print(
+        f"\none greedy step reads {step_bytes / 1e6:.0f} MB (decoder weights, vocabulary table, Cross-KV); "
+        f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "
+        f"{step_bytes / 1e6 / bandwidth:.2f} ms here"
+    )
     return 0
 
 

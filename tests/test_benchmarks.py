@@ -116,3 +116,16 @@ def test_utterance_file_is_shuffled_clips_with_pauses():
     assert refs_again["utterances"] == refs["utterances"]  # seeded: the same file every run
     other, refs_other = build_audio(min_long_seconds=1.0, min_utterance_seconds=60.0, seed=4)
     assert refs_other["utterances"] != refs["utterances"]  # another seed, another order
+
+
+def test_draft_acceptance_counts_ngram_guesses():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_acceptance.py"
+    spec = importlib.util.spec_from_file_location("draft_acceptance", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rates = module.acceptance([1, 2, 1, 2, 1, 2])  # from the third token on every guess is right
+    assert rates["bigram"] == 3 / 5 and rates["trigram, else bigram"] == 3 / 5
+    assert module.acceptance([5, 6, 7, 8])["bigram"] == 0.0
