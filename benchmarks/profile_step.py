@@ -145,6 +145,8 @@ def main() -> int:
         print(f"{name:<48}{ms:>10.3f}")
     print(f"{'sum of the layers':<48}{layers:>10.3f}")
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
+    if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
+        return 0
     print(
         f"\none greedy step reads {step_bytes / 1e6:.0f} MB (decoder weights, vocabulary table, Cross-KV); "
         f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "

@@ -120,7 +120,7 @@ class TextDecoder(nn.Module):
         """
         key = cross_kv[0].key  # [B, H, T, d/H]
         rows = batch_size or key.shape[0]
-        width = self.token_embedding.weight.shape[1]
+        width = self.positional_embedding.shape[1]
         selfs = [
             SelfKV(i, rows, self.n_ctx, width, key.dtype, key.device, n_head=key.shape[1])
             for i in range(len(self.blocks))
@@ -131,9 +131,8 @@ class TextDecoder(nn.Module):
         end = offset + tokens.shape[-1]
         if end > self.n_ctx:
             raise ValueError(f"text context is {self.n_ctx} tokens; position {end - 1} is past it")
-        return self.token_embedding(tokens) + self.positional_embedding[offset:end].to(
-            self.token_embedding.weight.dtype
-        )
+        embedded = self.token_embedding(tokens)
+        return embedded + self.positional_embedding[offset:end].to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         x = self.ln(x)

@@ -62,11 +62,11 @@ class Whisper(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.decoder.token_embedding.weight.device
+        return self.decoder.positional_embedding.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.decoder.token_embedding.weight.dtype
+        return self.decoder.positional_embedding.dtype
 
     @cached_property
     def weights_digest(self) -> str:
