@@ -231,12 +231,12 @@ def test_row_plan_packs_small_groups_and_keeps_large_groups_alone():
     from whisperkv.model.row_gemm import RowWidths, plan_rows
 
     widths = RowWidths(torch.randn(8, 4))
-    assert plan_rows([1], widths) == [(0, 1, 2)]  # one row, padded to a GEMM of two
-    assert plan_rows([1, 1, 1], widths) == [(0, 3, 3)]
-    assert plan_rows([1, 5, 2], widths) == [(0, 1, 2), (1, 6, 5), (6, 8, 2)]
-    assert plan_rows([12], widths) == [(0, 6, 6), (6, 12, 6)]
+    assert plan_rows([1], widths) == ((0, 1, 2),)  # one row, padded to a GEMM of two
+    assert plan_rows([1, 1, 1], widths) == ((0, 3, 3),)
+    assert plan_rows([1, 5, 2], widths) == ((0, 1, 2), (1, 6, 5), (6, 8, 2))
+    assert plan_rows([12], widths) == ((0, 6, 6), (6, 12, 6))
     widths.large = False  # where 4..10 columns disagree on this CPU, beams are packed like the rest
-    assert plan_rows([5], widths) == [(0, 3, 3), (3, 5, 2)]
+    assert plan_rows([5], widths) == ((0, 3, 3), (3, 5, 2))
 
 
 def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):

@@ -24,6 +24,8 @@ the class falls back to chunks of 2. The result differs from ``x @ W.T`` only in
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,19 +77,24 @@ class RowWidths:
         self.large = not cpu or same_bits(weight, LARGE)
 
 
-def plan_rows(sizes: list[int], widths: RowWidths) -> list[tuple[int, int, int]]:
+def plan_rows(sizes: list[int], widths: RowWidths) -> tuple[tuple[int, int, int], ...]:
     """(start, stop, width) chunks covering rows grouped by ``sizes``: runs of small groups packed into
     SMALL-class chunks, each large group alone in LARGE-class chunks. ``width > stop - start`` pads."""
+    return _plan(tuple(sizes), widths.small, widths.large)
+
+
+@functools.lru_cache(maxsize=256)  # a step asks once per matrix (25 for tiny.en), with the same sizes
+def _plan(sizes: tuple[int, ...], small: tuple[int, ...], large: bool) -> tuple[tuple[int, int, int], ...]:
     plan: list[tuple[int, int, int]] = []
     start = run = 0
 
     def pack(begin: int, n: int) -> None:
-        for w in chunk_widths(n, widths.small):
+        for w in chunk_widths(n, small):
             plan.append((begin, min(begin + w, begin + n), w))
             begin, n = begin + w, n - w
 
     for size in sizes:
-        if size >= GROUP_ALONE and widths.large:
+        if size >= GROUP_ALONE and large:
             if run:
                 pack(start - run, run)
                 run = 0
@@ -99,7 +106,7 @@ def plan_rows(sizes: list[int], widths: RowWidths) -> list[tuple[int, int, int]]
             start += size
     if run:
         pack(start - run, run)
-    return plan
+    return tuple(plan)
 
 
 def rows_times(
