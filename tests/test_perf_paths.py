@@ -279,8 +279,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         assert (torch.stack(solo) - rows[:9] @ weight.T).abs().max() < 1e-4
         # the module itself takes one-position rows this way, and longer inputs as F.linear does
         bias = getattr(linear, "bias", None)
-        expected = rows_times(weight, rows[:4], widths)
-        expected = expected if bias is None else expected + bias
+        expected = rows_times(weight, rows[:4], widths, None, None if bias is None else bias[:, None])
         assert torch.equal(linear(rows[:4, None])[:, 0], expected)
         if linear is not decoder.logits_projection:  # the projection reads every row its own way
             prompt = rows[None, :4]  # several positions of one row: F.linear as before

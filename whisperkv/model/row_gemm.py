@@ -110,23 +110,36 @@ def _plan(sizes: tuple[int, ...], small: tuple[int, ...], large: bool) -> tuple[
 
 
 def rows_times(
-    weight: torch.Tensor, rows: torch.Tensor, widths: RowWidths, sizes: list[int] | None = None
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    widths: RowWidths,
+    sizes: list[int] | None = None,
+    bias_column: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``rows @ weight.T`` for rows [n, in] grouped by ``sizes`` (default: one group), chunk by chunk as
-    ``weight @ chunk.T``: a contiguous [n, out]."""
-    n, d = rows.shape
+    """``rows @ weight.T (+ bias)`` for rows [n, in] grouped by ``sizes`` (default: one group), chunk by
+    chunk as ``weight @ chunk.T``: a contiguous [n, out]. ``bias_column`` is the bias as [out, 1]: it is
+    added inside the GEMM (``addmm``), one call per chunk."""
+    n = rows.shape[0]
     plan = plan_rows(sizes if sizes is not None else [n], widths)
-    if len(plan) == 1 and plan[0][2] == n:  # one chunk, no padding
-        return (weight @ rows.T).T.contiguous()
-    # contiguous rows: elementwise ops after this (GELU) take another, differently rounded loop on a
+    # contiguous rows out: elementwise ops after this (GELU) take another, differently rounded loop on a
     # transposed tensor, and a row's bits would then depend on the batch again
+    if len(plan) == 1:  # the common step: one window, or windows that fit one chunk
+        return _chunk(weight, rows, plan[0][2], bias_column)[:n].contiguous()
     out = rows.new_empty(n, weight.shape[0])
     for start, stop, width in plan:
-        chunk = rows[start:stop]
-        if stop - start < width:
-            chunk = torch.cat([chunk, chunk.new_zeros(width - (stop - start), d)])
-        out[start:stop] = (weight @ chunk.T).T[: stop - start]
+        out[start:stop] = _chunk(weight, rows[start:stop], width, bias_column)[: stop - start]
     return out
+
+
+def _chunk(
+    weight: torch.Tensor, rows: torch.Tensor, width: int, bias_column: torch.Tensor | None
+) -> torch.Tensor:
+    """One GEMM of exactly ``width`` columns (zero rows pad a short chunk): [width, out], transposed."""
+    if rows.shape[0] < width:
+        rows = F.pad(rows, (0, 0, 0, width - rows.shape[0]))
+    if bias_column is None:
+        return torch.mm(weight, rows.T).T
+    return torch.addmm(bias_column, weight, rows.T).T
 
 
 def use_row_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -148,10 +161,10 @@ def _apply(
 ) -> torch.Tensor:
     if not use_row_gemm(x, weight):
         return F.linear(x, weight, bias)
-    out = rows_times(weight, x.reshape(-1, x.shape[-1]), widths, sizes)
-    if bias is not None:
-        out += bias
-    return out.reshape(*x.shape[:-1], -1)
+    bias_column = None if bias is None else bias[:, None]
+    return rows_times(weight, x.reshape(-1, x.shape[-1]), widths, sizes, bias_column).reshape(
+        *x.shape[:-1], -1
+    )
 
 
 class RowGemmLinear(nn.Linear):
