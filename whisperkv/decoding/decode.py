@@ -191,7 +191,7 @@ def decode_windows(
     if options.use_cache:
         if cross_kv is None:
             raise ValueError("the cached path needs the windows' Cross-KV")
-        cache = model.decoder.new_cache(cross_kv, batch_size=n_audio * n_group)
+        cache = model.decoder.new_cache(cross_kv, batch_size=n_audio)  # beams copied after the prompt
         del cross_kv  # the cache holds it now; once rows finish, the full batch's copy can be freed
 
     sum_logprobs = torch.zeros(n_audio * n_group)
@@ -203,11 +203,15 @@ def decode_windows(
     compact = cache is not None and n_group == 1 and n_audio > 1 and step_logits is None
     active = torch.arange(n_audio)
     set_aside: dict[int, tuple[list[int], float]] = {}
-    new = tokens  # what the decoder has not seen yet: the whole prompt, then one token per step
+    new = tokens[::n_group]  # what the decoder has not seen yet: the prompt (once a window), then a token
     for step in range(sample_len):
         if cache is not None:
             # the prompt needs logits at two places only: <|startoftranscript|> and its last token
             logits = model.decoder(new, cache, positions=[sot_index, sample_begin - 1] if step == 0 else None)
+            if step == 0 and n_group > 1:  # every row of a window holds its prompt: copy, do not recompute
+                rows = torch.arange(n_audio, device=model.device).repeat_interleave(n_group)
+                cache.reorder(rows)
+                logits = logits.index_select(0, rows)
         else:
             logits = model.decoder.forward_uncached(tokens, audio_features)
             logits = logits[:, [sot_index, sample_begin - 1]] if step == 0 else logits

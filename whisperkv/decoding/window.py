@@ -70,7 +70,8 @@ class WindowDecode:
             self.n_group = 1
             self.searcher = GreedySearch(0.0, tokenizer.eot)
         self.tokens = torch.tensor([prompt] * self.n_group, device=model.device)
-        self.cache = model.decoder.new_cache(window.cross_kv, batch_size=self.n_group)
+        # one row until the prompt is in: ``prefill`` copies it to every beam / sample row
+        self.cache = model.decoder.new_cache(window.cross_kv, batch_size=1)
         self.sum_logprobs = torch.zeros(self.n_group)
         self.no_speech_prob = float("nan")
         self.steps = 0
@@ -85,13 +86,16 @@ class WindowDecode:
         """Run the prompt through the decoder, filling every layer's Self-KV, and choose the first token.
 
         The prompt needs logits at two places only: <|startoftranscript|> (the no-speech probability)
-        and its last token (the first sampled token).
+        and its last token (the first sampled token). Every row holds the same prompt, so it runs once
+        and its Self-KV is copied to the other rows (a beam-5 window's prompt cost 5x for nothing).
         """
         logits = self.model.decoder(
-            self.tokens, self.cache, positions=[self.sot_index, self.sample_begin - 1]
+            self.tokens[:1], self.cache, positions=[self.sot_index, self.sample_begin - 1]
         )
+        if self.n_group > 1:
+            self.cache.reorder(torch.zeros(self.n_group, dtype=torch.long, device=self.model.device))
         self.no_speech_prob = float(logits[0, 0].softmax(dim=-1)[self.tokenizer.no_speech])
-        self.advance(logits[:, -1])
+        self.advance(logits[:, -1].expand(self.n_group, -1))
 
     def next_input(self) -> torch.Tensor:
         """The token each row feeds the decoder next: [rows, 1]."""
