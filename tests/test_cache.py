@@ -291,3 +291,23 @@ def test_a_windows_caches_die_with_it_without_the_garbage_collector(tiny_model, 
         gc.enable()
     gc.collect()
     assert cycled() is None
+
+
+@pytest.mark.parametrize(
+    "rows", [[0, 1, 2, 3, 4], [1, 0, 2, 3, 4], [0, 0, 0, 3, 3], [4, 3, 2, 1, 0], [2, 2, 2, 2, 2]]
+)
+def test_self_kv_reorder_in_place_equals_a_gather(rows):
+    """Beam steps rewrite only the rows whose parent changed; the result is exactly a gather of the
+    held positions, swaps and repeated parents included, and positions past the held ones are kept."""
+    from whisperkv.cache.kv import SelfKV
+
+    kv = SelfKV(0, 5, 16, 8, torch.float32, "cpu", n_head=2)
+    kv.append(torch.randn(5, 2, 7, 4), torch.randn(5, 2, 7, 4))
+    before_key, before_value = kv.key.clone(), kv.value.clone()
+    index = torch.tensor(rows)
+    kv.reorder(index)
+    assert kv.length == 7
+    assert torch.equal(kv.key, before_key.index_select(0, index))
+    assert torch.equal(kv.value, before_value.index_select(0, index))
+    kv.reorder(torch.zeros(3, dtype=torch.long))  # another row count: a fresh buffer, every row from 0
+    assert kv.key.shape[0] == 3 and torch.equal(kv.key[2], before_key.index_select(0, index)[0])
