@@ -141,8 +141,8 @@ def test_numpy_projection_falls_back_for_other_dtypes():
 
 
 def test_window_segments_cut_at_timestamp_pairs_and_resume_after_the_last(tiny_model):
-    """Segments at the window's timestamp pairs, at real times (window start + stamp); the chunk's next
-    window starts at the last complete pair, or after the window when nothing is left undecoded."""
+    """Segments at the window's timestamp pairs, at real times (window start + stamp), and where what was
+    decoded ends: the last stamp, or the window's end when the tokens have no pair."""
     from whisperkv.batched import Chunk, window_segments
     from whisperkv.decoding.options import DecodingResult
 
@@ -158,8 +158,8 @@ def test_window_segments_cut_at_timestamp_pairs_and_resume_after_the_last(tiny_m
     # <0.00> a b <1.00><1.00> c <2.40><2.40>: ends on a pair, so what follows 102.4 s is decoded again
     pairs = [ts, 10, 11, ts + 50, ts + 50, 12, ts + 120, ts + 120]
     assert cut(pairs) == ([(100.0, 101.0, pairs[:4]), (101.0, 102.4, pairs[4:7])], 102.4)
-    # a lone last stamp: the speech ended there, the window is done
-    assert cut(pairs[:-1]) == ([(100.0, 101.0, pairs[:4]), (101.0, 102.4, pairs[4:7])], 105.0)
+    # a lone last stamp ("no more speech"): decoded to 102.4 s as well; the detector judges the rest
+    assert cut(pairs[:-1]) == ([(100.0, 101.0, pairs[:4]), (101.0, 102.4, pairs[4:7])], 102.4)
     # a stamp past the window's audio (into its padding) is clipped to the window's end
     assert cut([ts, 10, ts + 1400]) == ([(100.0, 105.0, [ts, 10, ts + 1400])], 105.0)
     # without timestamps: the window is one segment

@@ -67,6 +67,7 @@ __all__ = [
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
 MIN_REST_SPEECH = 5  # 20 ms speech frames a chunk's undecoded rest needs to be decoded again (0.1 s)
+MAX_WINDOWS = 4  # per chunk: a decoder that keeps stopping early cannot make a chunk cost more
 
 
 def _window(chunk: Chunk, seek: int) -> Chunk:
@@ -77,7 +78,9 @@ def _window(chunk: Chunk, seek: int) -> Chunk:
 def window_segments(
     tokenizer: Tokenizer, result: DecodingResult, window: Chunk, timestamps: bool
 ) -> tuple[list[dict], int]:
-    """The window's segments (times inside it) and the sample the chunk's next window starts at."""
+    """The window's segments (times inside it) and the sample where what was decoded ends: the last
+    timestamp pair, or a lone last stamp (the decoder's "no more speech", which the sequential loop
+    trusts and the caller checks against the detector), or the window's end when it has no pair."""
     if not timestamps:
         whole = {"seek": window.start // HOP_LENGTH, "start": window.start / SAMPLE_RATE}
         text = {"end": window.end / SAMPLE_RATE, "tokens": result.tokens}
@@ -88,6 +91,8 @@ def window_segments(
     for s in cut.segments:  # a stamp past the window's audio (into its padding) is clipped to it
         s["start"], s["end"] = min(max(s["start"], start), end), min(max(s["end"], start), end)
     next_seek = cut.seek * HOP_LENGTH
+    if cut.single_timestamp_ending and cut.segments:  # "nothing after this stamp": the detector decides
+        next_seek = round(cut.segments[-1]["end"] * SAMPLE_RATE)
     return cut.segments, next_seek if window.start < next_seek < window.end else window.end
 
 
@@ -133,7 +138,8 @@ def transcribe_batched(
     segments: list[dict] = []
     fallbacks = 0
     batches: list[int] = []
-    pending = deque((chunk, chunk.start) for chunk in chunks)  # (chunk, where its next window starts)
+    # (chunk, where its next window starts, windows it has had)
+    pending = deque((chunk, chunk.start, 0) for chunk in chunks)
     show_progress = verbose is True and sys.stderr.isatty()
     total = round(audio.n_samples / SAMPLE_RATE, 2)
     bar = tqdm.tqdm(total=total, unit="s", disable=not show_progress, leave=False)
@@ -142,7 +148,7 @@ def transcribe_batched(
         # its longest window, so a small last batch would pay nearly a full batch's steps for few windows
         size = math.ceil(len(pending) / math.ceil(len(pending) / batch_size))
         group = [pending.popleft() for _ in range(size)]
-        windows = [_window(chunk, seek) for chunk, seek in group]
+        windows = [_window(chunk, seek) for chunk, seek, _ in group]
         batches.append(len(group))
         mels = torch.stack([chunk_mel(audio, w, model.dims.n_mels) for w in windows])
         features = model.embed_audio(mels)
@@ -152,7 +158,7 @@ def transcribe_batched(
         results = decode_windows(
             model, tokenizer, features, options, model.decoder.project_cross_kv(features, batch_provenance)
         )
-        for k, ((chunk, _), window, result) in enumerate(zip(group, windows, results)):
+        for k, ((chunk, _, done), window, result) in enumerate(zip(group, windows, results)):
             too_repetitive = (
                 compression_ratio_threshold is not None
                 and result.compression_ratio > compression_ratio_threshold
@@ -174,7 +180,11 @@ def transcribe_batched(
                     store,
                 )
             next_seek = window.end
-            if not (silent and (logprob_threshold is None or result.avg_logprob < logprob_threshold)):
+            silent = no_speech_threshold is not None and result.no_speech_prob > no_speech_threshold
+            # a chunk's rest is mostly padding: there "no speech" alone is believed (measured: "Thank you."
+            # and "Thanks for watching!" at no-speech 0.80 and 0.83, every real rest at 0.47 or below)
+            unsure = logprob_threshold is None or result.avg_logprob < logprob_threshold or done > 0
+            if not (silent and unsure):
                 pieces, next_seek = window_segments(tokenizer, result, window, timestamps)
                 for piece in pieces:
                     segments.append(
@@ -189,8 +199,8 @@ def transcribe_batched(
                         }
                     )
             rest = speech[next_seek // FRAME : chunk.end // FRAME]
-            if int(rest.sum()) >= MIN_REST_SPEECH:
-                pending.append((chunk, next_seek))  # decoded again from the last complete segment's end
+            if int(rest.sum()) >= MIN_REST_SPEECH and done + 1 < MAX_WINDOWS:
+                pending.append((chunk, next_seek, done + 1))  # the rest, decoded again from the last stamp
             else:
                 next_seek = chunk.end
             bar.update(round((next_seek - window.start) / SAMPLE_RATE, 2))
