@@ -7,16 +7,28 @@ row per window, and one decoder call advances every window by a token. Chunks co
 voice-activity detector (``whisperkv.chunking``: ``energy`` or ``silero``).
 
 Each chunk is read the way the sequential loop reads the whole file: decoded with timestamps, cut into
-segments at timestamp pairs, and when the decoder stops before the chunk's end (its last segment ends
-at a timestamp pair, with speech after it), the rest of the chunk is decoded again as a new window
-from that timestamp, batched with the next windows. Without that, the words after the last timestamp
-were lost: Whisper, trained on 30 s windows whose last sentence runs on into the next window, often
-ends a window's text one sentence early. Measured on the benchmark's file of shuffled utterances
-(tiny.en greedy, 120.7 s): chunks decoded once lost the last sentence of 3 of 5 chunks (WER 21.0 %
-against 12.4 % sequential). Windows finish decoding at different steps; finished ones leave the batch.
-A window whose greedy result is repetitive or improbable is redone alone with temperature fallback, as
-the sequential mode would. ``timestamps=False`` decodes each chunk once without timestamps (one segment
-per chunk, fewest windows).
+segments at timestamp pairs (real times: the window's start plus the predicted offsets), and when the
+decoder stops before the chunk's end with speech after its last timestamp (by the detector), the rest
+is decoded again as a new window from that timestamp, batched with the next windows. Windows finish
+decoding at different steps; finished ones leave the batch. A window whose greedy result is repetitive
+or improbable is redone alone with temperature fallback, as the sequential mode would.
+
+Why, measured (tiny.en greedy, the benchmark's 120.7 s of shuffled utterances with 0.3-3 s pauses):
+chunks decoded once with timestamps had 21.0 % WER against 12.4 % sequential, for three reasons. Whisper
+often ends a window's text one sentence early (trained on windows whose last sentence runs on into the
+next): the words after the last timestamp were never decoded. Chunks were trimmed to their first and
+last loud frame, so their edge words were clipped and dropped (the long file: 14.0 % -> 8.6 % WER from
+0.3 s of padding alone). And cuts went in the latest 0.2 s pause, often a breath inside a sentence
+(``whisperkv.chunking``). Without timestamps the decoder also skips whole utterances after a pause.
+
+``benchmarks/bench.py --threads 1 --repeats 1 --engines whisperkv-fp32,whisperkv-int8,whisperkv-batched-
+int8,whisperkv-batched-fp32,whisperkv-batched-int8-silero --audio utterances,long --modes greedy`` at
+ff6e434 printed WER batched / sequential: utterances (180.5 s) int8 11.2 % / 14.8 %, float32 11.5 % /
+12.4 %; long (389.3 s) int8 7.2 % / 7.3 %, float32 7.1 % / 8.1 %. The price: more windows (long 2.8 a
+minute against 2.2 with one decode per chunk) and timestamp tokens. The same command run on a8f3056
+(one segment per chunk, no timestamps): batched int8 11.4 s against 14.5 s here on the long file, with
+6.7 % WER; utterances 5.1 s against 6.2 s, with 16.0 % WER.
+``timestamps=False`` still decodes each chunk once without timestamps: one segment per chunk.
 """
 
 from __future__ import annotations
