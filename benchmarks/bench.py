@@ -94,7 +94,7 @@ class WhisperKV(Engine):
             result = transcribe_batched(
                 self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad
             )
-            windows = result["batched"]["chunks"] + result["batched"]["fallbacks"]
+            windows = result["batched"]["windows"] + result["batched"]["fallbacks"]
         else:
             result = self.model.transcribe(audio, beam_size=beam_size, best_of=5)
             windows = len({s["seek"] for s in result["segments"]})

@@ -1,17 +1,24 @@
-"""Batched long-form mode: chunks cut at pauses, decoded together, same tokens as one at a time."""
+"""Batched long-form mode: chunks cut at pauses, decoded together, same tokens as one at a time; real
+segment timestamps, no words lost against the sequential mode, a progress bar."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pytest
 import torch
+import tqdm
 
 import whisperkv
-from whisperkv.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram
-from whisperkv.batched import split_at_silences, transcribe_batched
+from tests.conftest import speech_manifest
+from whisperkv.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
+from whisperkv.batched import speech_frames, split_at_silences, transcribe_batched
 from whisperkv.decoding.decode import decode_window, decode_windows
 from whisperkv.decoding.options import DecodingOptions
-from whisperkv.metrics import wer
+from whisperkv.metrics import normalize_text, wer, word_errors
+
+MAX_CUE_CHARS = 200  # longer than a sentence of these clips (the longest is 182): one cue per chunk is 400+
 
 CLIPS = [
     "lj_LJ001-0001.flac",
@@ -31,11 +38,19 @@ def joined(speech_dir):
     return np.concatenate(parts)
 
 
-def test_chunks_are_short_and_cover_the_speech(joined):
+def test_chunks_are_short_and_cover_the_speech(joined, speech_dir):
     chunks = split_at_silences(joined)
     assert len(chunks) >= 2
     assert all(0 < c.end - c.start <= 30 * SAMPLE_RATE for c in chunks)
     assert all(a.end <= b.start for a, b in zip(chunks, chunks[1:]))
+    covered = np.zeros(len(joined) // 320, dtype=bool)
+    for c in chunks:
+        covered[c.start // 320 : c.end // 320] = True
+    assert not (speech_frames(joined) & ~covered).any()  # every loud frame is in a chunk
+    cut = [c.end / SAMPLE_RATE for c in chunks[:-1]]
+    gaps = np.cumsum([len(whisperkv.load_audio(speech_dir / "en" / n)) / SAMPLE_RATE + 1.0 for n in CLIPS])
+    # a cut goes in a 1 s pause between clips (each ends at gaps[i] - 1), not in a breath inside a sentence
+    assert all(any(g - 1.0 <= t <= g for g in gaps) for t in cut), (cut, gaps)
 
 
 @pytest.mark.parametrize(
@@ -82,9 +97,87 @@ def test_batched_transcript_close_to_sequential(tiny_model, joined):
 
 
 def test_batches_are_balanced_and_bad_sizes_refused(tiny_model, joined):
-    result = transcribe_batched(tiny_model, joined, batch_size=2)
+    result = transcribe_batched(tiny_model, joined, batch_size=2, timestamps=False)  # each chunk once
     sizes = result["batched"]["batches"]
-    assert sum(sizes) == result["batched"]["chunks"] and max(sizes) <= 2
+    assert sum(sizes) == result["batched"]["chunks"] == result["batched"]["windows"] and max(sizes) <= 2
     assert max(sizes) - min(sizes) <= 1  # no small leftover batch paying a full batch's steps
+    assert len(result["segments"]) == result["batched"]["chunks"]  # one segment per chunk
     with pytest.raises(ValueError, match="batch_size"):
         transcribe_batched(tiny_model, joined, batch_size=0)
+
+
+def test_segments_are_sentence_cues_at_real_times(tiny_model, joined, speech_dir):
+    """Default: segments at the decoder's timestamps, in order, inside the audio, subtitle-sized."""
+    result = transcribe_batched(tiny_model, joined)
+    segments = result["segments"]
+    duration = len(joined) / SAMPLE_RATE
+    assert len(segments) >= len(CLIPS) > result["batched"]["chunks"]  # not one cue per chunk
+    assert [s["id"] for s in segments] == list(range(len(segments)))
+    for a, b in zip(segments, segments[1:]):
+        assert a["start"] <= b["start"] and a["end"] <= b["end"] and a["end"] <= b["start"] + 0.01, (a, b)
+    for s in segments:
+        assert 0 <= s["start"] < s["end"] <= duration + 0.01, s
+        assert 0 < len(s["text"]) <= MAX_CUE_CHARS, s["text"]
+    # the times are where the words are: the fourth clip's first words start within 1 s of its onset
+    lengths = [len(whisperkv.load_audio(speech_dir / "en" / n)) / SAMPLE_RATE for n in CLIPS]
+    onset = sum(lengths[:3]) + 3.0
+    earliest = next(s for s in segments if "earliest book" in s["text"])
+    assert abs(earliest["start"] - onset) < 1.0, (earliest, onset)
+    assert abs(segments[-1]["end"] - (duration - 1.0)) < 1.0  # the last words end where the speech does
+
+
+@pytest.fixture(scope="module")
+def three_clips(speech_dir):
+    """Two long sentences and a short one, with pauses. Chunks cut at the latest 0.2 s pause split the
+    short one in a breath and kept "watch for all year" of it (13 word errors against sequential's 6)."""
+    rows = {r["id"]: r for r in speech_manifest()}
+    parts, texts = [np.zeros(SAMPLE_RATE, dtype=np.float32)], []
+    for clip, pause in (("lj_LJ001-0003", 2.0), ("ls_1688-142285-0000", 1.5), ("timit_LDC93S1", 1.0)):
+        parts += [load_audio(speech_dir / rows[clip]["file"]), np.zeros(int(pause * SAMPLE_RATE), np.float32)]
+        texts.append(rows[clip]["reference"])
+    return np.concatenate(parts), " ".join(texts)
+
+
+def test_batched_loses_no_words_against_sequential(tiny_model, three_clips):
+    audio, reference = three_clips
+    batched = transcribe_batched(tiny_model, audio)["text"]
+    sequential = tiny_model.transcribe(audio, beam_size=None)["text"]
+    errors, words = word_errors(reference, batched)
+    assert errors <= word_errors(reference, sequential)[0] + 3, (batched, sequential)
+    lost = set(normalize_text(sequential).split()) - set(normalize_text(batched).split())
+    assert len(lost) <= 2, lost  # the last sentence, after a pause, is there
+    assert "greasy wash water" in normalize_text(batched)
+
+
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_counts_the_whole_audio_with_verbose(tiny_model, three_clips, monkeypatch):
+    audio, _ = three_clips
+    bars: list[tqdm.tqdm] = []
+
+    class Recorded(tqdm.tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.steps: list[float] = []
+            self.shown = not self.disable  # closing sets disable
+            bars.append(self)
+
+        def update(self, n=1):
+            self.steps.append(n)
+            return super().update(n)
+
+    screen = _TTY()
+    monkeypatch.setattr("sys.stderr", screen)
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)
+    transcribe_batched(tiny_model, audio, verbose=True)
+    (bar,) = bars
+    total = round(len(audio) / SAMPLE_RATE, 2)
+    assert bar.shown and bar.total == total
+    assert all(step >= 0 for step in bar.steps) and sum(bar.steps) == pytest.approx(total, abs=0.02)
+    assert f"/{total}" in screen.getvalue() and "s/s" in screen.getvalue()  # drawn, in seconds of audio
+    bars.clear()
+    transcribe_batched(tiny_model, audio, verbose=False)
+    assert not bars[0].shown

@@ -140,24 +140,30 @@ def test_numpy_projection_falls_back_for_other_dtypes():
     assert proj(x.double()).dtype == torch.float64
 
 
-class _Stamps:
-    """The three token boundaries ``timestamped_segments`` reads, as tiny.en has them."""
+def test_window_segments_cut_at_timestamp_pairs_and_resume_after_the_last(tiny_model):
+    """Segments at the window's timestamp pairs, at real times (window start + stamp), and where what was
+    decoded ends: the last stamp, or the window's end when the tokens have no pair."""
+    from whisperkv.batched import Chunk, window_segments
+    from whisperkv.decoding.options import DecodingResult
 
-    eot = 50256
-    timestamp_begin = 50363
+    tokenizer = tiny_model.tokenizer
+    ts = tokenizer.timestamp_begin
+    window = Chunk(100 * 16000, 105 * 16000)
 
+    def cut(tokens, timestamps=True):
+        result = DecodingResult(audio_features=None, language="en", tokens=tokens)
+        segments, next_seek = window_segments(tokenizer, result, window, timestamps)
+        return [(s["start"], s["end"], s["tokens"]) for s in segments], next_seek / 16000
 
-def test_timestamped_segments_split_a_chunk_at_its_timestamp_pairs():
-    from whisperkv.batched import timestamped_segments
-
-    ts = _Stamps.timestamp_begin
-    # <0.00> a b <1.00><1.00> c <2.40> d   (text after the last stamp runs to the chunk's end)
-    tokens = [ts, 10, 11, ts + 50, ts + 50, 12, ts + 120, 13]
-    got = timestamped_segments(tokens, _Stamps, start=100.0, end=105.0)
-    assert got == [(100.0, 101.0, [10, 11]), (101.0, 102.4, [12]), (102.4, 105.0, [13])]
-    # a stamp past the chunk's end is clipped to it; no stamps at all: one segment for the chunk
-    assert timestamped_segments([ts, 10, ts + 1400], _Stamps, 0.0, 10.0) == [(0.0, 10.0, [10])]
-    assert timestamped_segments([10, 11], _Stamps, 3.0, 9.0) == [(3.0, 9.0, [10, 11])]
+    # <0.00> a b <1.00><1.00> c <2.40><2.40>: ends on a pair, so what follows 102.4 s is decoded again
+    pairs = [ts, 10, 11, ts + 50, ts + 50, 12, ts + 120, ts + 120]
+    assert cut(pairs) == ([(100.0, 101.0, pairs[:4]), (101.0, 102.4, pairs[4:7])], 102.4)
+    # a lone last stamp ("no more speech"): decoded to 102.4 s as well; the detector judges the rest
+    assert cut(pairs[:-1]) == ([(100.0, 101.0, pairs[:4]), (101.0, 102.4, pairs[4:7])], 102.4)
+    # a stamp past the window's audio (into its padding) is clipped to the window's end
+    assert cut([ts, 10, ts + 1400]) == ([(100.0, 105.0, [ts, 10, ts + 1400])], 105.0)
+    # without timestamps: the window is one segment
+    assert cut([10, 11], timestamps=False) == ([(100.0, 105.0, [10, 11])], 105.0)
 
 
 @pytest.fixture(scope="module")
@@ -171,12 +177,12 @@ def two_utterances(speech_dir):
     )
 
 
-@pytest.mark.slow  # four batched decodes (45 s on the loaded VM); timestamps are opt-in
+@pytest.mark.slow  # four batched decodes (45 s on the loaded VM)
 def test_batched_segments_carry_timestamps_inside_their_chunks(tiny_model, two_utterances):
     from whisperkv.batched import transcribe_batched
 
-    stamped = transcribe_batched(tiny_model, two_utterances, timestamps=True)
-    plain = transcribe_batched(tiny_model, two_utterances)
+    stamped = transcribe_batched(tiny_model, two_utterances)
+    plain = transcribe_batched(tiny_model, two_utterances, timestamps=False)
     assert len(stamped["segments"]) > len(plain["segments"])  # sentence-sized cues, not one per chunk
     bounds = [(s["start"], s["end"]) for s in plain["segments"]]
     for seg in stamped["segments"]:
