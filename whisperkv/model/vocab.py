@@ -5,8 +5,9 @@ single cost of the step. The same bytes are read at very different speeds depend
 stored and which BLAS routine reads them (the performance issue measured 5.4 ms through MKL's GEMV on
 the row-major table, 2.6 ms on a column-major copy, 1.5 ms through NumPy's OpenBLAS on one AMD EPYC;
 another EPYC ranked them otherwise). ``load_model(vocab_layout="measure")`` times them on tables of the real
-shape and keeps the fastest; the default is ``columns`` (fastest here, and ahead of the reference layout
-on the EPYC the issue measured), fixed so that every process computes the same bits:
+shape and keeps the fastest; the default is ``rows-gemm`` (fastest here for one row and for several,
+and the only one whose rows keep their bits in any batch), fixed so that every process computes the
+same bits:
 
 * ``rows``        — E row-major [V, d], ``x @ E.T`` in PyTorch: exactly what openai-whisper computes;
 * ``rows-gemm``   — E row-major, read by ``ChunkedRowProjection``: ``E @ X.T`` with X cut into chunks of
