@@ -14,6 +14,7 @@ import whisperkv
 from tests.conftest import speech_manifest
 from whisperkv.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
 from whisperkv.batched import speech_frames, split_at_silences, transcribe_batched
+from whisperkv.chunking import FRAME, long_pause
 from whisperkv.decoding.decode import decode_window, decode_windows
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.metrics import normalize_text, wer, word_errors
@@ -147,6 +148,30 @@ def test_batched_loses_no_words_against_sequential(tiny_model, three_clips):
     lost = set(normalize_text(sequential).split()) - set(normalize_text(batched).split())
     assert len(lost) <= 2, lost  # the last sentence, after a pause, is there
     assert "greasy wash water" in normalize_text(batched)
+
+
+def test_long_pause_is_the_middle_of_the_longest_silence_between_words():
+    speech = np.zeros(500, dtype=bool)
+    speech[10:50] = speech[80:120] = speech[250:300] = True  # pauses of 30 and 130 frames between words
+    assert long_pause(speech, 0, 500 * FRAME) == (120 + 65) * FRAME
+    assert long_pause(speech, 0, 200 * FRAME) is None  # 0.6 s: a pause inside a segment, not a skip
+    assert long_pause(speech, 60 * FRAME, 500 * FRAME) == (120 + 65) * FRAME
+    assert long_pause(speech, 300 * FRAME, 500 * FRAME) is None  # silence only
+
+
+def test_beam_search_keeps_the_sentence_before_a_long_pause(tiny_model, speech_dir):
+    """Beam 5 read this chunk as one segment "<|0.00|> For although ... process.<|15.28|>": every
+    candidate skipped the first sentence. A segment across a 2.5 s pause is decoded again, split there."""
+    rows = {r["id"]: r for r in speech_manifest()}
+    silence = [np.zeros(int(s * SAMPLE_RATE), np.float32) for s in (1.0, 2.5, 1.0)]
+    first, second = (load_audio(speech_dir / rows[c]["file"]) for c in ("timit_LDC93S1", "lj_LJ001-0003"))
+    audio = np.concatenate([silence[0], first, silence[1], second, silence[2]])
+    result = transcribe_batched(tiny_model, audio, beam_size=5)
+    text = normalize_text(result["text"])
+    assert "greasy wash water all year" in text and "by a similar process" in text, text
+    assert text.index("greasy") < text.index("although")
+    reference = " ".join(rows[c]["reference"] for c in ("timit_LDC93S1", "lj_LJ001-0003"))
+    assert word_errors(reference, result["text"])[0] <= 4, text
 
 
 class _TTY(io.StringIO):
