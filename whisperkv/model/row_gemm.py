@@ -32,7 +32,7 @@ from torch import nn
 
 #: the two width classes: chunks of these widths give a row the same bits within a class (MKL, AVX-512)
 SMALL = (3, 2)
-LARGE = (4, 5, 8, 10)
+LARGE = (4, 5, 6, 7, 8, 9, 10)  # every width group_widths can give
 #: a group at least this large is a chunk (or chunks) of its own, of LARGE-class widths
 GROUP_ALONE = 4
 MAX_WIDTH = 10
