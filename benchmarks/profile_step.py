@@ -133,10 +133,6 @@ def main() -> int:
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
-    step_bytes = sum(t.numel() * t.element_size() for t in decoder.blocks.parameters())
-    step_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
-    step_bytes += decoder.token_embedding.weight.nbytes if model.compute_type != "int8" else 0
-    bandwidth = _bandwidth_gb_s()
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
     print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))
     print(f"\n{'part of one greedy step':<48}{'median ms':>10}")
@@ -147,6 +143,10 @@ def main() -> int:
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
     if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
         return 0
+    step_bytes = sum(t.numel() * t.element_size() for t in decoder.blocks.parameters())
+    step_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
+    step_bytes += decoder.token_embedding.weight.nbytes
+    bandwidth = _bandwidth_gb_s()
     print(
         f"\none greedy step reads {step_bytes / 1e6:.0f} MB (decoder weights, vocabulary table, Cross-KV); "
         f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "
