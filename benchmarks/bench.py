@@ -15,8 +15,9 @@ float16 ggml file written from the same OpenAI ``.pt`` by ``ggml_export.py`` int
 Printed first: the CPU, the BLAS libraries, the versions and the commit; then per engine and audio the
 median time, real-time factor, peak RSS, WER (with errors/words), output tokens, ms per output token,
 30 s windows per minute of audio, and for whisperkv the measured decoder ms per step (one new token
-for every row of a window: a beam-5 step advances five rows); then every goal of performance issue 16
-as met / NOT met in this run.
+for every row of a window: a beam-5 step advances five rows; the whole engine step — the layers, the
+vocabulary or its int8 screen, the token choice and a greedy window's deferred log-probabilities);
+then every goal of performance issue 16 as met / NOT met in this run.
 """
 
 from __future__ import annotations
@@ -76,15 +77,53 @@ class WhisperKV(Engine):
                 self._steps[1] += time.perf_counter() - start
             return out
 
-        def timed_forward_rows(groups):  # noqa: ANN001, ANN202 - the engine's step: transcribe's path
+        def timed_forward_rows(groups, project=True):  # noqa: ANN001, ANN202 - the engine's step
             start = time.perf_counter()
-            out = forward_rows(groups)
+            out = forward_rows(groups, project)
             self._steps[0] += 1
             self._steps[1] += time.perf_counter() - start
             return out
 
         self.model.decoder.forward = timed_forward
         self.model.decoder.forward_rows = timed_forward_rows
+        # the engine's step goes on after forward_rows: the vocabulary (every logit, or the int8 screen of
+        # greedy rows and their deferred log-probabilities) and the token choice. Timed as part of it.
+        self._time_engine_vocabulary()
+
+    def _time_engine_vocabulary(self) -> None:
+        from whisperkv.decoding.window import WindowDecode
+
+        steps, inside = self._steps, [False]
+        model = self.model
+
+        def timed(call):  # noqa: ANN001, ANN202 - adds a call's seconds once (not again when nested)
+            def run(*args):  # noqa: ANN002, ANN202
+                if inside[0]:
+                    return call(*args)
+                inside[0] = True
+                start = time.perf_counter()
+                try:
+                    return call(*args)
+                finally:
+                    steps[1] += time.perf_counter() - start
+                    inside[0] = False
+
+            return run
+
+        class TimedWindow(WindowDecode):
+            def advance(self, logits):  # noqa: ANN001, ANN202
+                timed(super().advance)(logits)
+
+            def advance_screened(self, *rows):  # noqa: ANN002, ANN202
+                timed(super().advance_screened)(*rows)
+
+            def _screened_sums(self):  # noqa: ANN202
+                timed(super()._screened_sums)()
+
+        model.decoder.project = timed(model.decoder.project)  # the full rows' logits
+        import whisperkv.engine.scheduler as scheduler
+
+        scheduler.WindowDecode = TimedWindow  # this benchmark process only
 
     def transcribe(self, audio, beam_size):
         self._steps[:] = [0, 0.0]

@@ -21,6 +21,12 @@ class LogitFilter:
         """``logits`` [rows, vocab] for the next token given ``tokens`` [rows, length]."""
         raise NotImplementedError
 
+    def suppress(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The part of ``apply`` that depends on the tokens only (here: all of it): which ids are -inf.
+
+        A screened greedy step (``decoding/screened.py``) builds the mask from this without logits."""
+        self.apply(logits, tokens)
+
 
 class SuppressBlank(LogitFilter):
     def __init__(self, blank_ids: Sequence[int], sample_begin: int) -> None:
@@ -56,6 +62,20 @@ class TimestampRules(LogitFilter):
         self.max_initial_index = max_initial_timestamp_index
 
     def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.suppress(logits, tokens)
+        force = self.forced(logits)
+        if force.any():
+            logits[force, : self.ts] = NEG_INF
+
+    def forced(self, logits: torch.Tensor) -> torch.Tensor:
+        """Rows [rows] (bool) whose timestamps' total probability beats every text token's."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        timestamp_mass = logprobs[:, self.ts :].logsumexp(dim=-1)
+        best_text = logprobs[:, : self.ts].amax(dim=-1)  # amax: same values, ~5x faster than max(dim)
+        return timestamp_mass > best_text
+
+    def suppress(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The rules that follow from the tokens alone (``apply`` adds the forced timestamp)."""
         ts = self.ts
         logits[:, self.no_timestamps] = NEG_INF
         for row in range(tokens.shape[0]):
@@ -77,10 +97,3 @@ class TimestampRules(LogitFilter):
             logits[:, :ts] = NEG_INF  # the first token is a timestamp
             if self.max_initial_index is not None:
                 logits[:, ts + self.max_initial_index + 1 :] = NEG_INF
-
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        timestamp_mass = logprobs[:, ts:].logsumexp(dim=-1)
-        best_text = logprobs[:, :ts].amax(dim=-1)  # amax: same values, ~5x faster than max(dim)
-        force = timestamp_mass > best_text
-        if force.any():
-            logits[force, :ts] = NEG_INF

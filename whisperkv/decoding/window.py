@@ -24,6 +24,7 @@ import torch
 
 from whisperkv.decoding.decode import cache_report, check_options, plan_decode
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
+from whisperkv.decoding.screened import ScreenedGreedy, can_screen
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
 from whisperkv.errors import CacheReuseError
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from whisperkv.cache.store import EncodedWindow
     from whisperkv.model.whisper import Whisper
     from whisperkv.tokenizer import Tokenizer
+
+
+#: a screened window whose average log-probability is this close to ``exact_near`` is summed exactly
+#: (the fast sum differs from the exact one by about 1e-6)
+NEAR_THRESHOLD = 1e-3
 
 
 class WindowDecode:
@@ -44,7 +50,11 @@ class WindowDecode:
         window: EncodedWindow,
         request_id: str = "",
         generator: torch.Generator | None = None,
+        exact_near: float | None = None,
     ) -> None:
+        """``exact_near``: a log-probability threshold the caller compares the result's
+        ``avg_logprob`` with (fallback, silence); a screened window near it sums its log-probabilities
+        with the full step's bits, so the decision is the full step's (``decoding/screened.py``)."""
         check_options(options)
         for kv in window.cross_kv:  # a window encoded for another request is never decoded here
             owner = kv.provenance.encoder.request_id
@@ -73,6 +83,12 @@ class WindowDecode:
         # one row until the prompt is in: ``prefill`` copies it to every beam / sample row
         self.cache = model.decoder.new_cache(window.cross_kv, batch_size=1)
         self.sum_logprobs = torch.zeros(self.n_group)
+        #: greedy at temperature 0 reads the int8 screen of the vocabulary (``advance_screened``)
+        self.screened: ScreenedGreedy | None = None
+        if options.temperature == 0 and not options.beam_size and can_screen(model.decoder, self.filters):
+            self.screened = ScreenedGreedy(model.decoder, self.filters, tokenizer.eot)
+        self._sum_before_screen: torch.Tensor | None = None
+        self.exact_near = exact_near
         self.no_speech_prob = float("nan")
         self.steps = 0
         self.done = False
@@ -114,8 +130,36 @@ class WindowDecode:
         if completed or self.tokens.shape[-1] > self.n_ctx or self.steps >= self.sample_len:
             self.done = True
 
+    @torch.no_grad()
+    def advance_screened(self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor) -> None:
+        """A greedy step from the screen: the row's hidden state [d] (after the final LayerNorm), its
+        int8 logits [vocab] and their bound. The token is the full step's; its log-probability is
+        deferred to ``result``."""
+        assert self.screened is not None
+        if self._sum_before_screen is None:
+            self._sum_before_screen = self.sum_logprobs.clone()
+        token = self.screened.choose(hidden, approx, bound, self.tokens)
+        self.tokens = torch.cat([self.tokens, torch.tensor([[token]])], dim=-1)
+        completed = token == self.tokenizer.eot
+        self.steps += 1
+        if completed or self.tokens.shape[-1] > self.n_ctx or self.steps >= self.sample_len:
+            self.done = True
+
+    def _screened_sums(self) -> None:
+        """The deferred log-probabilities of the screened steps, summed in step order."""
+        if self.screened is None or self._sum_before_screen is None:
+            return
+        start, self._sum_before_screen = self._sum_before_screen, None
+        self.sum_logprobs = self.screened.sum_logprobs(start, self.tokens)
+        if self.exact_near is not None:
+            row = self.tokens[0].tolist() + [self.tokenizer.eot]
+            length = row.index(self.tokenizer.eot, self.sample_begin) - self.sample_begin
+            if abs(float(self.sum_logprobs[0]) / (length + 1) - self.exact_near) < NEAR_THRESHOLD:
+                self.sum_logprobs = self.screened.sum_logprobs(start, self.tokens, exact=True)
+
     def result(self) -> DecodingResult:
         """The best candidate, scored and ranked exactly as ``decode_window`` ranks it."""
+        self._screened_sums()
         eot = self.tokenizer.eot
         candidates, scores = self.searcher.finalize(
             self.tokens.reshape(1, self.n_group, -1).cpu(), self.sum_logprobs.reshape(1, self.n_group)

@@ -228,6 +228,7 @@ class Scheduler:
                     entry.task.window,
                     job.request_id,
                     job.generator,
+                    exact_near=job.options.logprob_threshold,
                 )
                 entry.rows.prefill()
             except Exception as err:  # noqa: BLE001 - the job fails, the loop and the other jobs go on
@@ -261,20 +262,39 @@ class Scheduler:
                 self._stats["tokens_total"] += sum(a.rows.rows for a in live)
 
     def _step_chunk(self, chunk: list[_Active]) -> None:
+        """The chunk's rows through the decoder at once; then the vocabulary: every logit for the rows
+        that need them (one product), the int8 screen for greedy rows (``decoding/screened.py``)."""
+        decoder = self.model.decoder
         try:
-            logits = self.model.decoder.forward_rows([(a.rows.next_input(), a.rows.cache) for a in chunk])
+            hidden = decoder.forward_rows([(a.rows.next_input(), a.rows.cache) for a in chunk], project=False)
+            starts = [0]
+            for entry in chunk:
+                starts.append(starts[-1] + entry.rows.rows)
+            full = [i for i, a in enumerate(chunk) if a.rows.screened is None]
+            screened = [i for i, a in enumerate(chunk) if a.rows.screened is not None]
+            logits = approx = bound = None
+            if full:
+                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full])
+                logits = decoder.project(hidden[rows], [chunk[i].rows.rows for i in full])
+            if screened:
+                assert decoder.vocab_screen is not None
+                approx, bound = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
         except Exception as err:  # noqa: BLE001 - every window of this step fails; the loop goes on
             for entry in chunk:
                 self._fail(entry, err)
             return
-        start = 0
-        for entry in chunk:
+        at = 0
+        for i, entry in enumerate(chunk):
             n = entry.rows.rows
             try:
-                entry.rows.advance(logits[start : start + n])
+                if entry.rows.screened is None:
+                    entry.rows.advance(logits[at : at + n])
+                    at += n
+                else:
+                    j = screened.index(i)
+                    entry.rows.advance_screened(hidden[starts[i]], approx[j], bound[j])
             except Exception as err:  # noqa: BLE001
                 self._fail(entry, err)
-            start += n
 
     def _finish_windows(self) -> None:
         """Windows whose rows finished leave the batch; their results go back to their jobs."""

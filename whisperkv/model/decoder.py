@@ -20,6 +20,7 @@ from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.model.attention import MultiHeadAttention, attend
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
+from whisperkv.model.vocab_screen import VocabScreen
 
 
 class DecoderBlock(nn.Module):
@@ -96,6 +97,8 @@ class TextDecoder(nn.Module):
         self.logits_projection: nn.Module | None = None
         #: dtype the Self-KV and Cross-KV are held in; None means the weights' dtype
         self.kv_dtype: torch.dtype | None = None
+        #: the int8 screen of the float32 table greedy steps use (``model/vocab_screen.py``), or None
+        self.vocab_screen: VocabScreen | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -135,10 +138,13 @@ class TextDecoder(nn.Module):
         return embedded + self.positional_embedding[offset:end].to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
-        x = self.ln(x)
+        return self.project(self.ln(x), sizes)
+
+    def project(self, hidden: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        """Logits of rows already through the final LayerNorm: the tied vocabulary projection."""
         if self.logits_projection is not None:
-            return linear_rows(self.logits_projection, x, sizes).float()
-        return (x @ self.token_embedding.weight.to(x.dtype).T).float()
+            return linear_rows(self.logits_projection, hidden, sizes).float()
+        return (hidden @ self.token_embedding.weight.to(hidden.dtype).T).float()
 
     def forward(
         self, tokens: torch.Tensor, cache: DecoderCache, positions: list[int] | None = None
@@ -156,8 +162,14 @@ class TextDecoder(nn.Module):
             x = x[:, positions]
         return self._logits(x)
 
-    def forward_rows(self, groups: list[tuple[torch.Tensor, DecoderCache]]) -> torch.Tensor:
+    def forward_rows(
+        self, groups: list[tuple[torch.Tensor, DecoderCache]], project: bool = True
+    ) -> torch.Tensor:
         """One decoder step for several caches at once: logits [sum of rows, vocab], cache by cache.
+
+        ``project=False`` returns the rows before the vocabulary projection, after the final LayerNorm
+        ([sum of rows, d]): a caller that screens the vocabulary (``model/vocab_screen.py``) projects
+        only the rows that need every logit, with ``project``.
 
         ``groups`` pairs each cache with its rows' next tokens [rows, 1]. Each row is embedded at its
         own cache's position; attention stays within each cache (see ``DecoderBlock.forward_rows``);
@@ -176,6 +188,8 @@ class TextDecoder(nn.Module):
             )
         for tokens, cache in groups:
             cache.record_tokens(tokens)
+        if not project:
+            return self.ln(x)[:, -1]
         return self._logits(x, sizes)[:, -1]
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:

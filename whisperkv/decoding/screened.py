@@ -1,0 +1,170 @@
+"""Greedy steps at temperature 0 that read the int8 screen instead of the float32 vocabulary table.
+
+A greedy step needs three things from the logits, and none of them needs every logit exactly:
+
+* the argmax of the filtered logits: the screen (``model/vocab_screen.py``) proves which tokens can
+  hold it, and only those get their exact float32 logits (the full product's bits);
+* the timestamp rule (a timestamp is forced when the timestamps' total probability beats every text
+  token): ``logsumexp(timestamp logits) > best text logit`` — the normaliser cancels — decided from the
+  exact timestamp block (1,501 rows) and the exact best text logit; within a margin of the float
+  rounding the step is not decided here and the caller runs the full step instead;
+* the chosen token's log-probability, which needs every logit (the normaliser): only its sum over the
+  window is ever read, so it is deferred to ``ScreenedGreedy.sum_logprobs``, one product of all the
+  window's rows at once (each step replays its own filters on its own row).
+
+Tokens are therefore exactly those of the full step. The summed log-probability is the same sum
+computed from a product of another width (it may differ in its last bits); ``exact=True`` recomputes it
+with the full step's own chunk widths, bit for bit (the window does so when the value lies near a
+threshold a decision compares it with).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
+
+if TYPE_CHECKING:
+    from whisperkv.model.decoder import TextDecoder
+    from whisperkv.model.vocab_screen import VocabScreen
+
+NEG_INF = float("-inf")
+#: more candidates than this: the screen says little this step, and the full product is cheaper
+MAX_CANDIDATES = 2048
+#: rows per product when the deferred log-probabilities are computed (per row, the fastest width here)
+WIDE = 256
+SCREENABLE_FILTERS = (SuppressBlank, SuppressTokens, TimestampRules)
+
+
+def can_screen(decoder: TextDecoder, filters: list[LogitFilter]) -> bool:
+    """A decoder whose table has a sound screen, and filters whose effect is known from the tokens."""
+    screen = decoder.vocab_screen
+    return (
+        screen is not None
+        and decoder.logits_projection is not None
+        and type(decoder.logits_projection).__name__ == "ChunkedRowProjection"
+        and screen.serves(decoder.token_embedding.weight)
+        and all(type(f) in SCREENABLE_FILTERS for f in filters)
+    )
+
+
+class ScreenedGreedy:
+    """One greedy row's screened steps: the exact token now, the log-probabilities at the end."""
+
+    def __init__(self, decoder: TextDecoder, filters: list[LogitFilter], eot: int) -> None:
+        assert decoder.vocab_screen is not None
+        self.decoder = decoder
+        self.screen: VocabScreen = decoder.vocab_screen
+        self.filters = filters
+        self.eot = eot
+        rules = [f for f in filters if isinstance(f, TimestampRules)]
+        self.ts: int | None = rules[0].ts if rules else None
+        self.n_vocab = self.screen.table.shape[0]
+        self._mask = torch.zeros(1, self.n_vocab)
+        #: per step, in order: (hidden row, token prefix length, timestamp forced?, token, finished?)
+        self.records: list[tuple[torch.Tensor, int, bool, int, bool]] = []
+        self.fallbacks = 0  # steps the screen could not decide (the full step chose)
+
+    def choose(
+        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, tokens: torch.Tensor
+    ) -> int:
+        """The token the full greedy step chooses for one row, given its hidden state [d], int8 logits
+        [vocab] and their bound, and the row's tokens [1, length]; its log-probability is deferred."""
+        mask = self._mask.zero_()
+        for f in self.filters:
+            f.suppress(mask, tokens)
+        decided = self._screened_choice(hidden, approx, bound, mask[0] == 0)
+        if decided is None:
+            decided = self._full_choice(hidden, tokens)
+        token, force = decided
+        finished = int(tokens[0, -1]) == self.eot
+        self.records.append((hidden.clone(), tokens.shape[1], force, token, finished))
+        return self.eot if finished else token
+
+    def _screened_choice(
+        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, allowed: torch.Tensor
+    ) -> tuple[int, bool] | None:
+        """(token, timestamp forced?) from the screen, or None where it cannot decide."""
+        ts = self.ts
+        if ts is None or not bool(allowed[ts:].any()):  # no timestamp rule in play: the argmax alone
+            best = self._best(hidden, approx, bound, allowed) if bool(allowed.any()) else None
+            return None if best is None else (best[0], False)
+        stamps = self.screen.exact_range(hidden, ts, self.n_vocab).masked_fill(~allowed[ts:], NEG_INF)
+        best = self._best(hidden, approx[:ts], bound[:ts], allowed[:ts])
+        if best is None:
+            return None
+        text_id, best_text = best
+        stamp_mass = float(stamps.logsumexp(dim=0))
+        margin = 1e-3 + 1e-5 * (abs(best_text) + abs(stamp_mass) + 11.0)
+        if best_text != NEG_INF and abs(stamp_mass - best_text) <= margin:
+            return None  # the rule's float rounding could go either way: the full step decides
+        force = stamp_mass > best_text
+        stamp_id = int(np.argmax(stamps.numpy()))
+        if force or float(stamps[stamp_id]) > best_text:
+            return ts + stamp_id, force
+        return text_id, force
+
+    def _full_choice(self, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[int, bool]:
+        """(token, timestamp forced?) from every logit: the filters and argmax of the full step."""
+        self.fallbacks += 1
+        logits = self.decoder.project(hidden[None], [1])
+        force = False
+        for f in self.filters:
+            f.suppress(logits, tokens)
+            if isinstance(f, TimestampRules):
+                force = bool(f.forced(logits)[0])
+        if force:
+            logits[:, : self.ts] = NEG_INF
+        return int(np.argmax(logits[0].numpy())), force
+
+    def _best(
+        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, allowed: torch.Tensor
+    ) -> tuple[int, float] | None:
+        """(id, exact logit) of the first largest allowed logit among ``approx``'s ids, (0, -inf) when
+        none is allowed, or None when too many are candidates (the full step is cheaper)."""
+        lower = (approx - bound).masked_fill_(~allowed, NEG_INF)
+        floor = lower.max()
+        if float(floor) == NEG_INF:
+            return 0, NEG_INF
+        # the argmax's upper bound reaches every lower bound, so it is among these (ties too)
+        ids = ((approx + bound >= floor) & allowed).nonzero().squeeze(1)
+        if ids.numel() > MAX_CANDIDATES:
+            return None
+        exact = self.screen.exact(hidden, ids)
+        best = int(np.argmax(exact.numpy()))
+        return int(ids[best]), float(exact[best])
+
+    def sum_logprobs(self, start: torch.Tensor, tokens: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The window's summed log-probability [1], as the full greedy steps accumulate it onto ``start``
+        (the sum before the first screened step), in the same order.
+
+        One product for every deferred row. ``exact`` uses the full step's chunk widths (a chunk of
+        1–3 rows), so each logit — and the sum — has the full step's bits; otherwise the rows go as one
+        group (chunks of up to 10: a third of the table reads) and the sum may differ in its last bits.
+        """
+        total = start.clone()
+        if not self.records:
+            return total
+        hidden = torch.stack([r[0] for r in self.records])
+        if exact:
+            logits = self.decoder.project(hidden, [1] * len(self.records))
+        else:  # one wide product: the table read once for up to WIDE rows, at GEMM speed
+            table = self.screen.table
+            logits = torch.cat([torch.mm(table, h.T).T for h in hidden.split(WIDE)]).contiguous()
+        for row, (_, length, force, _, _) in zip(logits, self.records):
+            row = row[None]
+            for f in self.filters:
+                f.suppress(row, tokens[:, :length])
+            if force:
+                row[:, : self.ts] = NEG_INF
+        if exact:  # row by row, as each full step normalised its own row
+            logprobs = torch.cat([F.log_softmax(row[None], dim=-1) for row in logits])
+        else:
+            logprobs = F.log_softmax(logits, dim=-1)
+        for i, (_, _, _, token, finished) in enumerate(self.records):
+            total += logprobs[i : i + 1, token] * ~torch.tensor([finished])
+        return total

@@ -1,0 +1,135 @@
+"""An int8 screen of the vocabulary table: which tokens can hold the largest logit, proven by a bound.
+
+A float32 greedy step of tiny.en reads the 80 MB vocabulary table to find one argmax; the table is the
+largest read of the step. The screen keeps an int8 copy (20 MB, one scale per row) and, per token,
+the norms of its float32 row and of that row's rounding error. For a hidden row ``h`` the int8 product
+``a_i`` (activations quantised on the fly) differs from the float32 logit ``l_i = h · w_i`` by at most
+
+    |l_i - a_i| <= |h - ĥ|·|w_i| + |ĥ|·|w_i - ŵ_i|        (Cauchy-Schwarz, twice)
+
+where ĥ, ŵ_i are the quantised vectors (each element within half a quantisation step of the original).
+``bound`` returns that, widened by a safety factor and the float rounding of both products. A token
+whose upper bound ``a_i + b_i`` lies below some token's lower bound cannot be the argmax; the few that
+remain (median 2 on real speech) get their exact float32 logits from ``exact``, whose bits equal those
+the full product gives (checked on the real table when the screen is built; the screen refuses to
+serve where they differ). The decision is therefore the full product's decision, at int8 cost.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+#: the bound is multiplied by this (measured: the real error reaches at most ~20 % of the bound)
+SAFETY = 1.5
+#: at least this many rows in a gathered product: MKL gives a lone gathered row other bits
+MIN_GATHER = 8
+
+
+class VocabScreen:
+    """The int8 copy of a float32 vocabulary table [V, d] and its per-row norms, bound to that table."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        from whisperkv.model.quantize import cpu_has_vnni
+
+        self.table = table.detach()
+        n_vocab, d = self.table.shape
+        scale = torch.empty(n_vocab)
+        qrows = torch.empty(n_vocab, d, dtype=torch.int8)
+        self.row_norm = torch.empty(n_vocab)
+        self.error_norm = torch.empty(n_vocab)
+        for start in range(0, n_vocab, 4096):  # in blocks: no float32 temporary of the whole table
+            rows = self.table[start : start + 4096]
+            s = (rows.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+            q = torch.round(rows / s[:, None]).clamp(-127, 127)
+            scale[start : start + 4096] = s
+            qrows[start : start + 4096] = q.to(torch.int8)
+            self.row_norm[start : start + 4096] = rows.norm(dim=1)
+            self.error_norm[start : start + 4096] = (rows - q * s[:, None]).norm(dim=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantised tensor types announce their future move
+            qweight = torch._make_per_channel_quantized_tensor(
+                qrows, scale.double(), torch.zeros(n_vocab, dtype=torch.long), 0
+            )
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        del qweight, qrows
+        #: activations are quantised to 128 levels where the CPU lacks VNNI (``Int8Linear``), else 256
+        self.reduce_range = not cpu_has_vnni()
+        self.levels = 127 if self.reduce_range else 255
+        op = torch.ops.quantized.linear_dynamic.default
+        self._op = getattr(op, "_op", op)
+        self._slices: dict[tuple[int, int], bool] = {}  # slices of the table checked by ``exact_range``
+        self.sound = self._exact_bits_match()
+
+    def serves(self, table: torch.Tensor) -> bool:
+        """Whether this screen is for ``table`` as it is now (the same float32 storage) and is sound."""
+        return (
+            self.sound
+            and table.dtype == torch.float32
+            and table.device.type == "cpu"
+            and table.data_ptr() == self.table.data_ptr()
+            and table.shape == self.table.shape
+        )
+
+    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """int8 logits [k, V] of hidden rows [k, d], and each one's bound on its distance to float32."""
+        approx = self._op(hidden, self._packed, self.reduce_range)
+        # the activations share one quantisation step (per tensor): the range spans 0 and every value
+        low, high = min(float(hidden.min()), 0.0), max(float(hidden.max()), 0.0)
+        step = (high - low) / self.levels
+        activation_error = step / 2 * hidden.shape[1] ** 0.5  # |h - ĥ| <= sqrt(d) half-steps
+        hidden_norm = hidden.norm(dim=1, keepdim=True) + activation_error  # >= |ĥ|
+        bound = activation_error * self.row_norm + hidden_norm * self.error_norm
+        bound = SAFETY * bound + 1e-4 + 1e-5 * approx.abs()  # float rounding of either product
+        return approx, bound
+
+    def exact(self, hidden_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of ``ids`` for one hidden row [d], bit for bit what the full product gives."""
+        n = ids.numel()
+        if n < MIN_GATHER:
+            ids = torch.cat([ids, ids.new_zeros(MIN_GATHER - n)])
+        rows = self.table.index_select(0, ids)
+        return self._times(rows, hidden_row)[:n]
+
+    def exact_range(self, hidden_row: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Float32 logits of ids ``start``..``stop - 1`` (e.g. every timestamp), the full product's bits.
+
+        A slice of the table is read in place; the first use of each slice checks its bits against
+        the full product (once), and a slice that differs is gathered instead."""
+        key = (start, stop)
+        if key not in self._slices:
+            probe = torch.randn(self.table.shape[1], generator=torch.Generator().manual_seed(1))
+            full = self._times(self.table, probe)[start:stop]
+            self._slices[key] = torch.equal(self._times(self.table[start:stop], probe), full)
+        if self._slices[key]:
+            return self._times(self.table[start:stop], hidden_row)
+        return self.exact(hidden_row, torch.arange(start, stop))
+
+    def _times(self, rows: torch.Tensor, hidden_row: torch.Tensor) -> torch.Tensor:
+        # the full product's shape for one row: ``table @ [h; 0].T`` (row_gemm's padded chunk of 2)
+        pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])
+        return torch.mm(rows, pair.T)[:, 0]
+
+    def _exact_bits_match(self) -> bool:
+        """Gathered products of several sizes give the full product's bits on this table and CPU."""
+        d = self.table.shape[1]
+        generator = torch.Generator().manual_seed(0)
+        hidden = torch.randn(d, generator=generator)
+        full = self._times(self.table, hidden)
+        n_vocab = self.table.shape[0]
+        for n in (1, 2, 7, 8, 9, 31, 64, 1501):
+            ids = torch.randperm(n_vocab, generator=generator)[: min(n, n_vocab)].sort().values
+            if not torch.equal(self.exact(hidden, ids), full[ids]):
+                return False
+        return True
+
+
+def attach_screen(decoder: nn.Module) -> None:
+    """Give a float32 CPU decoder with a row-major tied table its screen (``decoder.vocab_screen``)."""
+    table = decoder.token_embedding.weight
+    if table.dtype != torch.float32 or table.device.type != "cpu" or not table.is_contiguous():
+        decoder.vocab_screen = None
+        return
+    decoder.vocab_screen = VocabScreen(table)
