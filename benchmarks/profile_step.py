@@ -102,6 +102,13 @@ def main() -> int:
         parts["whole step, engine, 5 beam rows"] = median_ms(
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
+        if decoder.vocab_screen is not None:  # float32: greedy steps read the int8 screen instead
+            screened_step = _screened_step(model, cache, held, token)
+            parts["whole step, engine, 1 row, int8 screen"] = median_ms(screened_step, args.repeats)
+            hidden = decoder.ln(decoder._embed(token, held))[:, -1]
+            parts["vocabulary int8 screen (products and bound)"] = median_ms(
+                lambda: decoder.vocab_screen.approximate(hidden), args.repeats
+            )
         parts["embedding"] = median_ms(lambda: decoder._embed(token, held), args.repeats)
         for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
 
@@ -143,16 +150,45 @@ def main() -> int:
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
     if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
         return 0
-    step_bytes = sum(t.numel() * t.element_size() for t in decoder.blocks.parameters())
-    step_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
-    step_bytes += decoder.token_embedding.weight.nbytes
+    layer_bytes = sum(t.numel() * t.element_size() for t in decoder.blocks.parameters())
+    layer_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
+    step_bytes = layer_bytes + decoder.token_embedding.weight.nbytes
     bandwidth = _bandwidth_gb_s()
     print(
         f"\none greedy step reads {step_bytes / 1e6:.0f} MB (decoder weights, vocabulary table, Cross-KV); "
         f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "
         f"{step_bytes / 1e6 / bandwidth:.2f} ms here"
     )
+    if decoder.vocab_screen is not None:
+        screened_bytes = layer_bytes + decoder.vocab_screen.qtable.nbytes
+        print(
+            f"with the int8 screen a greedy step reads {screened_bytes / 1e6:.0f} MB (the int8 table, not "
+            f"the float32 one; the few exact rows aside): at least {screened_bytes / 1e6 / bandwidth:.2f} ms"
+        )
     return 0
+
+
+def _screened_step(model, cache, held: int, token: torch.Tensor):  # noqa: ANN001, ANN202
+    """The engine's greedy step with the screen, for one row: the layers, the int8 products and their
+    bound, the exact candidates and timestamp block, the token (a row after <|0.00|> and one word)."""
+    from whisperkv.decoding.decode import plan_decode
+    from whisperkv.decoding.options import DecodingOptions
+    from whisperkv.decoding.screened import ScreenedGreedy
+
+    tokenizer = model.tokenizer.with_options(language="en", task="transcribe")
+    prompt, _, _, _, filters = plan_decode(model, tokenizer, DecodingOptions(language="en"))
+    tokens = torch.tensor([prompt + [tokenizer.timestamp_begin, int(token)]])
+    decoder = model.decoder
+
+    def step() -> None:
+        for kv in cache.self_kv:
+            kv.length = held
+        hidden = decoder.forward_rows([(token, cache)], project=False)
+        approx, bound = decoder.vocab_screen.approximate(hidden)
+        screened = ScreenedGreedy(decoder, filters, tokenizer.eot)
+        screened.choose(hidden[0], approx[0], bound[0], tokens)
+
+    return step
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 
 import whisperkv
 import whisperkv.decoding.screened as screened_module
+from whisperkv.model.vocab import apply_layout
 
 from .conftest import SPEECH_DIR
 
@@ -43,6 +44,11 @@ def test_float32_models_have_a_sound_screen_and_int8_none(tiny_model, int8_model
     assert screen.serves(tiny_model.decoder.token_embedding.weight)
     assert not screen.serves(tiny_model.decoder.token_embedding.weight.clone())  # another table
     assert int8_model.decoder.vocab_screen is None
+    decoder = tiny_model.decoder
+    apply_layout(decoder, "columns")  # another layout: no screen of the old table survives
+    assert decoder.vocab_screen is None
+    apply_layout(decoder, "rows-gemm")
+    assert decoder.vocab_screen.serves(decoder.token_embedding.weight)
 
 
 def test_exact_rows_have_the_full_products_bits(tiny_model):

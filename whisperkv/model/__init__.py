@@ -7,7 +7,6 @@ import torch
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.row_gemm import adopt_row_gemm
 from whisperkv.model.vocab import DEFAULT_LAYOUT, LAYOUTS, apply_layout, choose_layout
-from whisperkv.model.vocab_screen import attach_screen
 from whisperkv.model.whisper import Whisper
 from whisperkv.weights import Checkpoint, load_checkpoint
 
@@ -43,8 +42,6 @@ def model_from_checkpoint(
         apply_layout(model.decoder, vocab_layout)
     if str(device) == "cpu" and dtype == torch.float32:
         adopt_row_gemm(model.decoder)  # decoder steps as 2-3 column GEMMs (model/row_gemm.py)
-        if vocab_layout == "rows-gemm":
-            attach_screen(model.decoder)  # greedy steps read an int8 screen (model/vocab_screen.py)
     return model
 
 

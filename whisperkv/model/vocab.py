@@ -15,7 +15,8 @@ same bits:
   more right-hand columns as a GEMM that reads the table at memory speed (tiny.en: 2 rows 1.9 ms,
   3 rows 2.8 ms, where one row through ``x @ E.T`` took 7.8 ms and four through the column-major table
   9.5 ms), and a row's bits never depend on rows of other windows — so a row batched with other
-  requests' rows equals its solo run (checked when the projection is built);
+  requests' rows equals its solo run (checked when the projection is built); greedy steps read an
+  int8 screen of this table instead and compute only the rows that can win (``model/vocab_screen.py``);
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
   ``x @ E.T`` reads a contiguous [d, V] matrix;
 * ``rows-numpy``  — E row-major, one-row products through NumPy (``E @ x``, OpenBLAS GEMV).
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 
 from whisperkv.model.row_gemm import RowWidths, rows_times
+from whisperkv.model.vocab_screen import attach_screen
 
 LAYOUTS = ("rows", "columns", "rows-numpy", "rows-gemm")
 #: the layout a CPU float32 model gets unless asked otherwise (fixed: results must not depend on a timing)
@@ -135,6 +137,7 @@ def apply_layout(decoder: nn.Module, layout: str) -> None:
         raise ValueError(f"unknown vocabulary layout {layout!r}: one of {', '.join(LAYOUTS)}")
     embedding = decoder.token_embedding
     weight = embedding.weight.detach()
+    decoder.vocab_screen = None  # a screen is of one table in one layout
     if layout == "columns":
         embedding.weight = nn.Parameter(column_major(weight), requires_grad=False)
         decoder.logits_projection = None
@@ -143,6 +146,8 @@ def apply_layout(decoder: nn.Module, layout: str) -> None:
         embedding.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
     projections = {"rows-numpy": NumpyRowProjection, "rows-gemm": ChunkedRowProjection}
     decoder.logits_projection = projections[layout](embedding.weight) if layout in projections else None
+    if layout == "rows-gemm":  # greedy steps screen this table (``model/vocab_screen.py``): a new one
+        attach_screen(decoder)
 
 
 def current_layout(decoder: nn.Module) -> str:
