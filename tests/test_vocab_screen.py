@@ -71,9 +71,11 @@ def test_bound_holds_for_every_logit_of_real_steps(tiny_model, monkeypatch):
     approximate = screen.approximate
 
     def recording(hidden):
-        approx, bound = approximate(hidden)
-        seen.append((hidden.clone(), approx.clone(), bound.clone()))
-        return approx, bound
+        rows = approximate(hidden)
+        for i in range(hidden.shape[0]):
+            bound = screen.bound(rows, i)
+            seen.append((hidden[i : i + 1].clone(), rows.approx[i : i + 1].clone(), bound[None]))
+        return rows
 
     monkeypatch.setattr(screen, "approximate", recording)
     for name in CLIPS[:2]:

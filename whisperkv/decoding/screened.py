@@ -30,7 +30,7 @@ from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, Suppres
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import TextDecoder
-    from whisperkv.model.vocab_screen import VocabScreen
+    from whisperkv.model.vocab_screen import ScreenedRows, VocabScreen
 
 NEG_INF = float("-inf")
 #: more candidates than this: the screen says little this step, and the full product is cheaper
@@ -69,15 +69,14 @@ class ScreenedGreedy:
         self.records: list[tuple[torch.Tensor, int, bool, int, bool]] = []
         self.fallbacks = 0  # steps the screen could not decide (the full step chose)
 
-    def choose(
-        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, tokens: torch.Tensor
-    ) -> int:
-        """The token the full greedy step chooses for one row, given its hidden state [d], int8 logits
-        [vocab] and their bound, and the row's tokens [1, length]; its log-probability is deferred."""
+    def choose(self, hidden: torch.Tensor, rows: ScreenedRows, row: int, tokens: torch.Tensor) -> int:
+        """The token the full greedy step chooses for one row, given its hidden state [d], the screen's
+        answer for the step's rows and this row's index in it, and the row's tokens [1, length]; its
+        log-probability is deferred."""
         mask = self._mask.zero_()
         for f in self.filters:
             f.suppress(mask, tokens)
-        decided = self._screened_choice(hidden, approx, bound, mask[0] == 0)
+        decided = self._screened_choice(hidden, rows, row, rows.approx[row] + mask[0])
         if decided is None:
             decided = self._full_choice(hidden, tokens)
         token, force = decided
@@ -86,15 +85,17 @@ class ScreenedGreedy:
         return self.eot if finished else token
 
     def _screened_choice(
-        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, allowed: torch.Tensor
+        self, hidden: torch.Tensor, rows: ScreenedRows, row: int, masked: torch.Tensor
     ) -> tuple[int, bool] | None:
-        """(token, timestamp forced?) from the screen, or None where it cannot decide."""
+        """(token, timestamp forced?) from the screen, or None where it cannot decide. ``masked``: the
+        row's int8 logits with the filters' -inf added."""
         ts = self.ts
-        if ts is None or not bool(allowed[ts:].any()):  # no timestamp rule in play: the argmax alone
-            best = self._best(hidden, approx, bound, allowed) if bool(allowed.any()) else None
-            return None if best is None else (best[0], False)
-        stamps = self.screen.exact_range(hidden, ts, self.n_vocab).masked_fill(~allowed[ts:], NEG_INF)
-        best = self._best(hidden, approx[:ts], bound[:ts], allowed[:ts])
+        stamps_allowed = ts is not None and float(self._mask[0, ts:].max()) == 0.0
+        if not stamps_allowed:  # no timestamp rule in play: the argmax alone
+            best = self._best(hidden, rows, row, masked)
+            return None if best is None or best[1] == NEG_INF else (best[0], False)
+        stamps = self.screen.exact_range(hidden, ts, self.n_vocab) + self._mask[0, ts:]
+        best = self._best(hidden, rows, row, masked[:ts])
         if best is None:
             return None
         text_id, best_text = best
@@ -122,16 +123,17 @@ class ScreenedGreedy:
         return int(np.argmax(logits[0].numpy())), force
 
     def _best(
-        self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor, allowed: torch.Tensor
+        self, hidden: torch.Tensor, rows: ScreenedRows, row: int, masked: torch.Tensor
     ) -> tuple[int, float] | None:
-        """(id, exact logit) of the first largest allowed logit among ``approx``'s ids, (0, -inf) when
-        none is allowed, or None when too many are candidates (the full step is cheaper)."""
-        lower = (approx - bound).masked_fill_(~allowed, NEG_INF)
-        floor = lower.max()
+        """(id, exact logit) of the first largest allowed logit among the first ``len(masked)`` ids,
+        (0, -inf) when none is allowed, or None when too many are candidates.
+
+        A token can hold the largest logit only if its upper bound reaches the largest lower bound."""
+        bound = self.screen.bound(rows, row)[: masked.shape[0]]
+        floor = (masked - bound).max()
         if float(floor) == NEG_INF:
             return 0, NEG_INF
-        # the argmax's upper bound reaches every lower bound, so it is among these (ties too)
-        ids = ((approx + bound >= floor) & allowed).nonzero().squeeze(1)
+        ids = (masked + bound >= floor).nonzero().squeeze(1)  # suppressed ids are -inf: never in
         if ids.numel() > MAX_CANDIDATES:
             return None
         exact = self.screen.exact(hidden, ids)

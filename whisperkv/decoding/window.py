@@ -12,6 +12,10 @@ logits of its rows, one step at a time:
         rows.advance(logits[my rows])        filters → greedy / sample / beam → Self-KV reorder
     result = rows.result()
 
+A greedy window at temperature 0 of a float32 model (``rows.screened`` set) takes the rows before the
+vocabulary instead: ``advance_screened(hidden, screened rows, row)`` chooses the full step's token from
+the int8 screen (``decoding/screened.py``), and ``result`` adds up the deferred log-probabilities.
+
 Filters, search and ranking are ``decode.py``'s, applied to this window's rows only, so its tokens and
 scores do not depend on which other windows share the step.
 """
@@ -30,6 +34,7 @@ from whisperkv.errors import CacheReuseError
 
 if TYPE_CHECKING:
     from whisperkv.cache.store import EncodedWindow
+    from whisperkv.model.vocab_screen import ScreenedRows
     from whisperkv.model.whisper import Whisper
     from whisperkv.tokenizer import Tokenizer
 
@@ -131,14 +136,14 @@ class WindowDecode:
             self.done = True
 
     @torch.no_grad()
-    def advance_screened(self, hidden: torch.Tensor, approx: torch.Tensor, bound: torch.Tensor) -> None:
-        """A greedy step from the screen: the row's hidden state [d] (after the final LayerNorm), its
-        int8 logits [vocab] and their bound. The token is the full step's; its log-probability is
-        deferred to ``result``."""
+    def advance_screened(self, hidden: torch.Tensor, rows: ScreenedRows, row: int) -> None:
+        """A greedy step from the screen: the row's hidden state [d] (after the final LayerNorm), and
+        the screen's answer for the step's greedy rows, this one at ``row``. The token is the full
+        step's; its log-probability is deferred to ``result``."""
         assert self.screened is not None
         if self._sum_before_screen is None:
             self._sum_before_screen = self.sum_logprobs.clone()
-        token = self.screened.choose(hidden, approx, bound, self.tokens)
+        token = self.screened.choose(hidden, rows, row, self.tokens)
         self.tokens = torch.cat([self.tokens, torch.tensor([[token]])], dim=-1)
         completed = token == self.tokenizer.eot
         self.steps += 1

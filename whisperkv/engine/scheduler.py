@@ -5,7 +5,8 @@ A tick, top to bottom:
 2. give every job without a window its next one: encode it (through the job's ``CacheStore``, which
    names the request in every provenance), then prefill its prompt alone — it joins the next step;
 3. ONE decoder step for every active row of every job (``TextDecoder.forward_rows``), in chunks of at
-   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV;
+   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV; then the
+   vocabulary: every logit for beam / sampled rows (one product), the int8 screen for greedy rows;
 4. windows whose rows finished leave at once: their caches are freed and the result goes back to its
    job, which asks for a temperature retry, moves on to its next window, or is done.
 
@@ -272,13 +273,13 @@ class Scheduler:
                 starts.append(starts[-1] + entry.rows.rows)
             full = [i for i, a in enumerate(chunk) if a.rows.screened is None]
             screened = [i for i, a in enumerate(chunk) if a.rows.screened is not None]
-            logits = approx = bound = None
+            logits = screened_rows = None
             if full:
                 rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full])
                 logits = decoder.project(hidden[rows], [chunk[i].rows.rows for i in full])
             if screened:
                 assert decoder.vocab_screen is not None
-                approx, bound = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
+                screened_rows = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
         except Exception as err:  # noqa: BLE001 - every window of this step fails; the loop goes on
             for entry in chunk:
                 self._fail(entry, err)
@@ -291,8 +292,7 @@ class Scheduler:
                     entry.rows.advance(logits[at : at + n])
                     at += n
                 else:
-                    j = screened.index(i)
-                    entry.rows.advance_screened(hidden[starts[i]], approx[j], bound[j])
+                    entry.rows.advance_screened(hidden[starts[i]], screened_rows, screened.index(i))
             except Exception as err:  # noqa: BLE001
                 self._fail(entry, err)
 

@@ -8,8 +8,8 @@ the norms of its float32 row and of that row's rounding error. For a hidden row 
     |l_i - a_i| <= |h - ĥ|·|w_i| + |ĥ|·|w_i - ŵ_i|        (Cauchy-Schwarz, twice)
 
 where ĥ, ŵ_i are the quantised vectors (each element within half a quantisation step of the original).
-``approximate`` returns that (|h - ĥ| measured, not assumed), widened by a safety factor and the float
-rounding of both products. The int8 table is 20 MB for tiny.en, held beside the float32 one. A token
+``bound`` gives that (|h - ĥ| measured, not assumed), widened by a safety factor and the float rounding
+of both products. The int8 table is 20 MB for tiny.en, held beside the float32 one. A token
 whose upper bound ``a_i + b_i`` lies below some token's lower bound cannot be the argmax; the few that
 remain (median 2 on real speech) get their exact float32 logits from ``exact``, whose bits equal those
 the full product gives (checked on the real table when the screen is built; the screen refuses to
@@ -18,6 +18,8 @@ serve where they differ). The decision is therefore the full product's decision,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -25,6 +27,14 @@ from torch import nn
 SAFETY = 1.5
 #: at least this many rows in a gathered product: MKL gives a lone gathered row other bits
 MIN_GATHER = 8
+
+
+class ScreenedRows(NamedTuple):
+    """``VocabScreen.approximate``'s answer for k hidden rows."""
+
+    approx: torch.Tensor  # [k, V] int8 logits
+    activation_error: list[float]  # per row |h - ĥ|
+    quantised_norm: list[float]  # per row |ĥ|
 
 
 class VocabScreen:
@@ -58,20 +68,30 @@ class VocabScreen:
             and table.shape == self.table.shape
         )
 
-    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """int8 logits [k, V] of hidden rows [k, d], and each one's bound on its distance to float32.
+    def approximate(self, hidden: torch.Tensor) -> ScreenedRows:
+        """int8 logits [k, V] of hidden rows [k, d], with what their bounds are made of.
 
         Each row is quantised on its own (symmetric, 127 steps), so its logits and bound do not depend
         on the other rows; the products accumulate exactly in int32 (``torch._int_mm``)."""
         step = hidden.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0  # [k, 1]
         levels = torch.round(hidden / step).clamp(-127, 127)
         quantised = levels * step  # ĥ
-        activation_error = (hidden - quantised).norm(dim=1, keepdim=True)  # |h - ĥ|, measured
         products = torch._int_mm(self.qtable, levels.to(torch.int8).T.contiguous())  # [V, k], exact
-        approx = products.T.float() * (step * self.scale)
-        bound = activation_error * self.row_norm + quantised.norm(dim=1, keepdim=True) * self.error_norm
-        bound = SAFETY * bound + 1e-4 + 1e-5 * approx.abs()  # float rounding of either product
-        return approx, bound
+        return ScreenedRows(
+            approx=torch.mul(products.T, step * self.scale),  # int32 x float32: one pass, float32
+            activation_error=(hidden - quantised).norm(dim=1).tolist(),  # |h - ĥ|, measured
+            quantised_norm=quantised.norm(dim=1).tolist(),
+        )
+
+    def bound(self, rows: ScreenedRows, row: int) -> torch.Tensor:
+        """Row ``row``'s bound [V] on |float32 logit - int8 logit|, token by token.
+
+        The two Cauchy-Schwarz terms, widened by ``SAFETY``; then the float rounding of either product
+        (a sum of d terms rounds by at most ~d·2^-24 of |ĥ|·|w|: the 3e-5 term, with room to spare)."""
+        activation_error, quantised_norm = rows.activation_error[row], rows.quantised_norm[row]
+        row_weight = SAFETY * activation_error + 3e-5 * quantised_norm
+        error_weight = (SAFETY + 3e-5) * quantised_norm
+        return torch.add(self.row_norm * row_weight, self.error_norm, alpha=error_weight).add_(1e-4)
 
     def exact(self, hidden_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Float32 logits of ``ids`` for one hidden row [d], bit for bit what the full product gives."""
