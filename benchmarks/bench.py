@@ -121,6 +121,9 @@ class WhisperKV(Engine):
                 timed(super()._screened_sums)()
 
         model.decoder.project = timed(model.decoder.project)  # the full rows' logits
+        screen = model.decoder.vocab_screen
+        if screen is not None:  # greedy rows: the int8 products of the screen
+            screen.approximate = timed(screen.approximate)
         import whisperkv.engine.scheduler as scheduler
 
         scheduler.WindowDecode = TimedWindow  # this benchmark process only

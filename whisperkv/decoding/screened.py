@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 NEG_INF = float("-inf")
 #: more candidates than this: the screen says little this step, and the full product is cheaper
 MAX_CANDIDATES = 2048
-#: rows per product when the deferred log-probabilities are computed (per row, the fastest width here)
-WIDE = 256
+#: rows per product of the deferred log-probabilities: wide enough to read the table at GEMM speed,
+#: narrow enough that its logits stay small (64 x 51,864 float32: 13 MB)
+DEFERRED_ROWS = 64
 SCREENABLE_FILTERS = (SuppressBlank, SuppressTokens, TimestampRules)
 
 
@@ -144,29 +145,25 @@ class ScreenedGreedy:
         """The window's summed log-probability [1], as the full greedy steps accumulate it onto ``start``
         (the sum before the first screened step), in the same order.
 
-        One product for every deferred row. ``exact`` uses the full step's chunk widths (a chunk of
-        1–3 rows), so each logit — and the sum — has the full step's bits; otherwise the rows go as one
-        group (chunks of up to 10: a third of the table reads) and the sum may differ in its last bits.
+        The deferred rows go through the table ``DEFERRED_ROWS`` at a time: a product that wide reads
+        the table once for all of them, and its logits (13 MB for tiny.en) are all the memory it adds.
+        Each row is then filtered and normalised on its own, as its full step did. ``exact`` multiplies
+        with the full step's chunk widths (1–3 rows), so every logit — and the sum — has the full step's
+        bits; the wide product's logits may differ in their last bits (so may the sum).
         """
         total = start.clone()
-        if not self.records:
-            return total
-        hidden = torch.stack([r[0] for r in self.records])
-        if exact:
-            logits = self.decoder.project(hidden, [1] * len(self.records))
-        else:  # one wide product: the table read once for up to WIDE rows, at GEMM speed
-            table = self.screen.table
-            logits = torch.cat([torch.mm(table, h.T).T for h in hidden.split(WIDE)]).contiguous()
-        for row, (_, length, force, _, _) in zip(logits, self.records):
-            row = row[None]
-            for f in self.filters:
-                f.suppress(row, tokens[:, :length])
-            if force:
-                row[:, : self.ts] = NEG_INF
-        if exact:  # row by row, as each full step normalised its own row
-            logprobs = torch.cat([F.log_softmax(row[None], dim=-1) for row in logits])
-        else:
-            logprobs = F.log_softmax(logits, dim=-1)
-        for i, (_, _, _, token, finished) in enumerate(self.records):
-            total += logprobs[i : i + 1, token] * ~torch.tensor([finished])
+        for first in range(0, len(self.records), DEFERRED_ROWS):
+            records = self.records[first : first + DEFERRED_ROWS]
+            hidden = torch.stack([r[0] for r in records])
+            if exact:
+                logits = self.decoder.project(hidden, [1] * len(records))
+            else:  # [V, rows]: ``table @ hidden.T`` is the GEMM that reads the table at memory speed
+                logits = torch.mm(self.screen.table, hidden.T).T
+            for row, (_, length, force, token, finished) in zip(logits, records):
+                row = row[None].contiguous()
+                for f in self.filters:
+                    f.suppress(row, tokens[:, :length])
+                if force:
+                    row[:, : self.ts] = NEG_INF
+                total += F.log_softmax(row, dim=-1)[:, token] * ~torch.tensor([finished])
         return total
