@@ -58,13 +58,16 @@ class Engine:
 
 
 class WhisperKV(Engine):
-    def __init__(self, model: str, compute_type: str, batched: bool = False, vad: str = "energy") -> None:
+    def __init__(
+        self, model: str, compute_type: str, batched: bool = False, vad: str = "energy", screen: bool = False
+    ) -> None:
         import whisperkv
         from whisperkv.model.vocab import current_layout
 
-        self.model = whisperkv.load_model(model, compute_type=compute_type)
+        self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
         layout = current_layout(self.model.decoder)
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
+        self.name += " screened" if screen else ""
         self.batched, self.vad = batched, vad
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
         forward, forward_rows = self.model.decoder.forward, self.model.decoder.forward_rows
@@ -215,7 +218,7 @@ class OpenAIWhisper(Engine):
 
 ENGINES = (
     "whisperkv-fp32",
-    "whisperkv-fp32-unscreened",
+    "whisperkv-fp32-screened",
     "whisperkv-int8",
     "whisperkv-batched-int8",
     "whisperkv-batched-fp32",
@@ -232,13 +235,8 @@ ENGINES = (
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
         compute = "int8" if "int8" in spec else "float32"
-        engine = WhisperKV(
-            paths["model"], compute, "batched" in spec, "silero" if "silero" in spec else "energy"
-        )
-        if spec.endswith("-unscreened"):  # greedy steps read the float32 table: the screen's slow twin
-            engine.model.decoder.vocab_screen = None
-            engine.name = engine.name.replace("float32", "float32 unscreened")
-        return engine
+        vad = "silero" if "silero" in spec else "energy"
+        return WhisperKV(paths["model"], compute, "batched" in spec, vad, screen=spec.endswith("-screened"))
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
         return FasterWhisper(paths["ct2_dir"], compute, threads, batched="batched" in spec)
@@ -468,7 +466,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
-    default = [e for e in ENGINES if not e.endswith("-unscreened")]  # the twin runs when asked for
+    default = [e for e in ENGINES if not e.endswith("-screened")]  # the opt-in screen when asked for
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")

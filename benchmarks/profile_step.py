@@ -64,7 +64,7 @@ def main() -> int:
     from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, current_layout
 
     print(describe(args.threads))
-    model = whisperkv.load_model(args.model, compute_type=args.compute_type)
+    model = whisperkv.load_model(args.model, compute_type=args.compute_type, vocab_screen=True)
     decoder = model.decoder
     chosen = current_layout(decoder)
     mel = pad_or_trim(

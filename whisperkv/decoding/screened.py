@@ -7,10 +7,11 @@ A greedy step needs three things from the logits, and none of them needs every l
 * the timestamp rule (a timestamp is forced when the timestamps' total probability beats every text
   token): ``logsumexp(timestamp logits) > best text logit`` — the normaliser cancels — decided from the
   exact timestamp block (1,501 rows) and the exact best text logit; within a margin of the float
-  rounding the step is not decided here and the caller runs the full step instead;
+  rounding the step is not decided here: it takes the full product (as when too many tokens remain);
 * the chosen token's log-probability, which needs every logit (the normaliser): only its sum over the
-  window is ever read, so it is deferred to ``ScreenedGreedy.sum_logprobs``, one product of all the
-  window's rows at once (each step replays its own filters on its own row).
+  window is ever read, so it is deferred to ``ScreenedGreedy.sum_logprobs``: the window's rows go
+  through the table 64 at a time (one read of it for 64 tokens, not one per token), and each step
+  replays its own filters on its own row.
 
 Tokens are therefore exactly those of the full step. The summed log-probability is the same sum
 computed from a product of another width (it may differ in its last bits); ``exact=True`` recomputes it

@@ -18,6 +18,7 @@ def model_from_checkpoint(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     vocab_layout: str | None = None,
+    vocab_screen: bool = False,
 ) -> Whisper:
     """A model holding the checkpoint's tensors (not copies, where device and dtype allow).
 
@@ -39,7 +40,7 @@ def model_from_checkpoint(
     model = model.to(device=device, dtype=dtype).eval()
     model.fuse_qkv()
     if vocab_layout is not None:
-        apply_layout(model.decoder, vocab_layout)
+        apply_layout(model.decoder, vocab_layout, screen=vocab_screen)
     if str(device) == "cpu" and dtype == torch.float32:
         adopt_row_gemm(model.decoder)  # decoder steps as 2-3 column GEMMs (model/row_gemm.py)
     return model
@@ -52,6 +53,7 @@ def load_model(
     download_root: str | None = None,
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
+    vocab_screen: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
 
@@ -59,6 +61,10 @@ def load_model(
     The default is fixed, not measured, so that every process loading the model computes the same bits:
     a layout picked by a timing race would let two workers of one job give transcripts whose scores
     differ in their last digits. ``"measure"`` times the layouts on this machine and keeps the fastest.
+
+    ``vocab_screen`` (float32 CPU, ``rows-gemm``): greedy steps read an int8 copy of the vocabulary table
+    and compute exactly only the tokens its bound cannot rule out (``model/vocab_screen.py``): the same
+    tokens, a few per cent faster on long-form greedy here, 20-30 MB more peak memory. Off by default.
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
@@ -83,7 +89,11 @@ def load_model(
         if vocab_layout == "measure":  # before the weights: one peak, not two
             layout, _ = choose_layout(*_vocab_shape(name_or_path))
     model = model_from_checkpoint(
-        load_checkpoint(name_or_path), device=device, dtype=dtype, vocab_layout=layout
+        load_checkpoint(name_or_path),
+        device=device,
+        dtype=dtype,
+        vocab_layout=layout,
+        vocab_screen=vocab_screen,
     )
     if compute_type == "int8":
         from whisperkv.model.quantize import quantize_int8

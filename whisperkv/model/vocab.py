@@ -15,8 +15,9 @@ same bits:
   more right-hand columns as a GEMM that reads the table at memory speed (tiny.en: 2 rows 1.9 ms,
   3 rows 2.8 ms, where one row through ``x @ E.T`` took 7.8 ms and four through the column-major table
   9.5 ms), and a row's bits never depend on rows of other windows — so a row batched with other
-  requests' rows equals its solo run (checked when the projection is built); greedy steps read an
-  int8 screen of this table instead and compute only the rows that can win (``model/vocab_screen.py``);
+  requests' rows equals its solo run (checked when the projection is built); with
+  ``load_model(vocab_screen=True)`` greedy steps read an int8 screen of this table instead and compute
+  only the rows that can win (``model/vocab_screen.py``);
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
   ``x @ E.T`` reads a contiguous [d, V] matrix;
 * ``rows-numpy``  — E row-major, one-row products through NumPy (``E @ x``, OpenBLAS GEMV).
@@ -131,13 +132,18 @@ def choose_layout(n_vocab: int, n_state: int, repeats: int = 9) -> tuple[str, di
     return min(timings, key=timings.get), timings
 
 
-def apply_layout(decoder: nn.Module, layout: str) -> None:
-    """Store the decoder's tied table in ``layout`` (one copy) and route its projection accordingly."""
+def apply_layout(decoder: nn.Module, layout: str, screen: bool | None = None) -> None:
+    """Store the decoder's tied table in ``layout`` (one copy) and route its projection accordingly.
+
+    ``screen``: give greedy steps an int8 screen of the table (``model/vocab_screen.py``; rows-gemm
+    only); None keeps one if the decoder has one now (it is rebuilt: a screen is of one table)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown vocabulary layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    if screen is None:
+        screen = getattr(decoder, "vocab_screen", None) is not None
     embedding = decoder.token_embedding
     weight = embedding.weight.detach()
-    decoder.vocab_screen = None  # a screen is of one table in one layout
+    decoder.vocab_screen = None
     if layout == "columns":
         embedding.weight = nn.Parameter(column_major(weight), requires_grad=False)
         decoder.logits_projection = None
@@ -146,7 +152,7 @@ def apply_layout(decoder: nn.Module, layout: str) -> None:
         embedding.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
     projections = {"rows-numpy": NumpyRowProjection, "rows-gemm": ChunkedRowProjection}
     decoder.logits_projection = projections[layout](embedding.weight) if layout in projections else None
-    if layout == "rows-gemm":  # greedy steps screen this table (``model/vocab_screen.py``): a new one
+    if screen and layout == "rows-gemm":
         attach_screen(decoder)
 
 

@@ -2,18 +2,19 @@
 
 A float32 greedy step of tiny.en reads the 80 MB vocabulary table to find one argmax; the table is the
 largest read of the step. The screen keeps an int8 copy (20 MB, one scale per row) and, per token,
-the norms of its float32 row and of that row's rounding error. For a hidden row ``h`` the int8 product
-``a_i`` (activations quantised on the fly) differs from the float32 logit ``l_i = h · w_i`` by at most
+the norms of its float32 row and of that row's rounding error. For a hidden row ``h`` (quantised to int8
+with its own scale) the int8 product ``a_i`` differs from the float32 logit ``l_i = h · w_i`` by at most
 
     |l_i - a_i| <= |h - ĥ|·|w_i| + |ĥ|·|w_i - ŵ_i|        (Cauchy-Schwarz, twice)
 
 where ĥ, ŵ_i are the quantised vectors (each element within half a quantisation step of the original).
 ``bound`` gives that (|h - ĥ| measured, not assumed), widened by a safety factor and the float rounding
-of both products. The int8 table is 20 MB for tiny.en, held beside the float32 one. A token
-whose upper bound ``a_i + b_i`` lies below some token's lower bound cannot be the argmax; the few that
-remain (median 2 on real speech) get their exact float32 logits from ``exact``, whose bits equal those
-the full product gives (checked on the real table when the screen is built; the screen refuses to
-serve where they differ). The decision is therefore the full product's decision, at int8 cost.
+of both products. The int8 table is held beside the float32 one (the exact rows are read from it).
+
+A token whose upper bound ``a_i + b_i`` lies below some token's lower bound cannot be the argmax; the
+few that remain (a median of 3 on the long-form file) get their exact float32 logits from ``exact``,
+whose bits equal those the full product gives (checked on the real table when the screen is built; the
+screen refuses to serve where they differ). The decision is therefore the full product's, at int8 cost.
 """
 
 from __future__ import annotations
