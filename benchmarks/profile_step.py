@@ -67,6 +67,7 @@ def main() -> int:
     model = whisperkv.load_model(args.model, compute_type=args.compute_type, vocab_screen=True)
     decoder = model.decoder
     chosen = current_layout(decoder)
+    screen_bytes = decoder.vocab_screen.qtable.nbytes if decoder.vocab_screen is not None else None
     mel = pad_or_trim(
         log_mel_spectrogram(load_audio(SPEECH / "en" / "jfk.flac"), model.dims.n_mels), N_FRAMES
     )
@@ -102,9 +103,10 @@ def main() -> int:
         parts["whole step, engine, 5 beam rows"] = median_ms(
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
-        if decoder.vocab_screen is not None:  # float32: greedy steps read the int8 screen instead
-            screened_step = _screened_step(model, cache, held, token)
-            parts["whole step, engine, 1 row, int8 screen"] = median_ms(screened_step, args.repeats)
+        if decoder.vocab_screen is not None:  # float32: greedy steps may read the int8 screen instead
+            full_step, screened_step = _greedy_steps(model, cache, held, token)
+            parts["greedy step and token choice, full product"] = median_ms(full_step, args.repeats)
+            parts["greedy step and token choice, int8 screen"] = median_ms(screened_step, args.repeats)
             hidden = decoder.ln(decoder._embed(token, held))[:, -1]
             parts["vocabulary int8 screen (products)"] = median_ms(
                 lambda: decoder.vocab_screen.approximate(hidden), args.repeats
@@ -159,8 +161,8 @@ def main() -> int:
         f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "
         f"{step_bytes / 1e6 / bandwidth:.2f} ms here"
     )
-    if decoder.vocab_screen is not None:
-        screened_bytes = layer_bytes + decoder.vocab_screen.qtable.nbytes
+    if screen_bytes is not None:
+        screened_bytes = layer_bytes + screen_bytes
         print(
             f"with the int8 screen a greedy step reads {screened_bytes / 1e6:.0f} MB (the int8 table, not "
             f"the float32 one; the few exact rows aside): at least {screened_bytes / 1e6 / bandwidth:.2f} ms"
@@ -168,26 +170,37 @@ def main() -> int:
     return 0
 
 
-def _screened_step(model, cache, held: int, token: torch.Tensor):  # noqa: ANN001, ANN202
-    """The engine's greedy step with the screen, for one row: the layers, the int8 products and their
-    bound, the exact candidates and timestamp block, the token (a row after <|0.00|> and one word)."""
+def _greedy_steps(model, cache, held: int, token: torch.Tensor):  # noqa: ANN001, ANN202
+    """The engine's greedy step for one row, token chosen, both ways: every logit (filters, argmax, the
+    log-probability), or the screen (its int8 products, the exact candidates and timestamp rows, the
+    token; the log-probability deferred, not timed here). The row follows <|0.00|> and one word."""
     from whisperkv.decoding.decode import plan_decode
     from whisperkv.decoding.options import DecodingOptions
     from whisperkv.decoding.screened import ScreenedGreedy
+    from whisperkv.decoding.search import GreedySearch
 
     tokenizer = model.tokenizer.with_options(language="en", task="transcribe")
     prompt, _, _, _, filters = plan_decode(model, tokenizer, DecodingOptions(language="en"))
     tokens = torch.tensor([prompt + [tokenizer.timestamp_begin, int(token)]])
     decoder = model.decoder
 
-    def step() -> None:
+    def hidden_rows(project: bool) -> torch.Tensor:
         for kv in cache.self_kv:
             kv.length = held
-        hidden = decoder.forward_rows([(token, cache)], project=False)
+        return decoder.forward_rows([(token, cache)], project=project)
+
+    def full_step() -> None:
+        logits = hidden_rows(True).clone()
+        for f in filters:
+            f.apply(logits, tokens)
+        GreedySearch(0.0, tokenizer.eot).update(tokens, logits, torch.zeros(1))
+
+    def screened_step() -> None:
+        hidden = hidden_rows(False)
         screened = ScreenedGreedy(decoder, filters, tokenizer.eot)
         screened.choose(hidden[0], decoder.vocab_screen.approximate(hidden), 0, tokens)
 
-    return step
+    return full_step, screened_step
 
 
 if __name__ == "__main__":
