@@ -60,6 +60,17 @@ def clip_path(row: dict) -> Path:
     return SPEECH_DIR / row["file"]
 
 
+def speech_audio(name: str, seconds: float | None = None):
+    """A file of ../shared/data/speech as 16 kHz samples (its first ``seconds``); skips when absent."""
+    import whisperkv
+
+    path = SPEECH_DIR / name
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    audio = whisperkv.load_audio(path)
+    return audio[: int(seconds * 16000)] if seconds else audio
+
+
 @pytest.fixture(scope="session")
 def speech_dir() -> Path:
     if not SPEECH_DIR.is_dir():

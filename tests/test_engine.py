@@ -18,17 +18,10 @@ from whisperkv.engine import Job, Scheduler, TranscribeOptions
 from whisperkv.errors import CacheReuseError, JobCancelledError, QueueFullError, ShuttingDownError
 
 from .conftest import SPEECH_DIR
+from .conftest import speech_audio as _audio
 
 SHORT = ["en/jfk.flac", "en/lj_LJ001-0002.flac", "en/timit_LDC93S1.wav"]
 LONG = "long/lj001_0001-0032_concat.flac"
-
-
-def _audio(name: str, seconds: float | None = None):
-    path = SPEECH_DIR / name
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    audio = whisperkv.load_audio(path)
-    return audio[: int(seconds * 16000)] if seconds else audio
 
 
 def _solo(model, audio, options: dict) -> dict:

@@ -12,18 +12,10 @@ import whisperkv.decoding.screened as screened_module
 from whisperkv.engine import Scheduler
 from whisperkv.model.vocab import apply_layout
 
-from .conftest import SPEECH_DIR
+from .conftest import speech_audio as _audio
 
 CLIPS = ["en/jfk.flac", "en/lj_LJ001-0007.flac", "en/timit_LDC93S1.wav"]
 LONG = "long/lj001_0001-0032_concat.flac"
-
-
-def _audio(name: str, seconds: float | None = None):
-    path = SPEECH_DIR / name
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    audio = whisperkv.load_audio(path)
-    return audio[: int(seconds * 16000)] if seconds else audio
 
 
 def _without_screen(model, audio, **options) -> dict:

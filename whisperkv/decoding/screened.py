@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
+from whisperkv.model.vocab import ChunkedRowProjection
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import TextDecoder
@@ -47,8 +48,7 @@ def can_screen(decoder: TextDecoder, filters: list[LogitFilter]) -> bool:
     screen = decoder.vocab_screen
     return (
         screen is not None
-        and decoder.logits_projection is not None
-        and type(decoder.logits_projection).__name__ == "ChunkedRowProjection"
+        and isinstance(decoder.logits_projection, ChunkedRowProjection)
         and screen.serves(decoder.token_embedding.weight)
         and all(type(f) in SCREENABLE_FILTERS for f in filters)
     )

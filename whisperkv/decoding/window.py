@@ -131,9 +131,7 @@ class WindowDecode:
         self.tokens, completed, sources = self.searcher.update(self.tokens, logits, self.sum_logprobs)
         if sources is not None:
             self.cache.reorder(sources.to(self.model.device))  # beams follow their parents' Self-KV
-        self.steps += 1
-        if completed or self.tokens.shape[-1] > self.n_ctx or self.steps >= self.sample_len:
-            self.done = True
+        self._stepped(completed)
 
     @torch.no_grad()
     def advance_screened(self, hidden: torch.Tensor, rows: ScreenedRows, row: int) -> None:
@@ -145,7 +143,10 @@ class WindowDecode:
             self._sum_before_screen = self.sum_logprobs.clone()
         token = self.screened.choose(hidden, rows, row, self.tokens)
         self.tokens = torch.cat([self.tokens, torch.tensor([[token]])], dim=-1)
-        completed = token == self.tokenizer.eot
+        self._stepped(token == self.tokenizer.eot)
+
+    def _stepped(self, completed: bool) -> None:
+        """One more token for every row: done when all rows ended, the context is full, or the budget."""
         self.steps += 1
         if completed or self.tokens.shape[-1] > self.n_ctx or self.steps >= self.sample_len:
             self.done = True
