@@ -274,9 +274,11 @@ class Scheduler:
             full = [i for i, a in enumerate(chunk) if a.rows.screened is None]
             screened = [i for i, a in enumerate(chunk) if a.rows.screened is not None]
             logits = screened_rows = None
-            if full:
-                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full])
-                logits = decoder.project(hidden[rows], [chunk[i].rows.rows for i in full])
+            if full:  # every row of the chunk (no screen: the common step) or only those rows, gathered
+                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full]) if screened else None
+                logits = decoder.project(
+                    hidden if rows is None else hidden[rows], [chunk[i].rows.rows for i in full]
+                )
             if screened:
                 assert decoder.vocab_screen is not None
                 screened_rows = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])

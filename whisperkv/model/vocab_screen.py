@@ -9,7 +9,7 @@ with its own scale) the int8 product ``a_i`` differs from the float32 logit ``l_
 
 where ĥ, ŵ_i are the quantised vectors (each element within half a quantisation step of the original).
 ``bound`` gives that (|h - ĥ| measured, not assumed), widened by a safety factor and the float rounding
-of both products. The int8 table is held beside the float32 one (the exact rows are read from it).
+of both products. The int8 table is held beside the float32 one, which the exact rows are read from.
 
 A token whose upper bound ``a_i + b_i`` lies below some token's lower bound cannot be the argmax; the
 few that remain (a median of 3 on the long-form file) get their exact float32 logits from ``exact``,
@@ -24,7 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-#: the bound is multiplied by this (measured: the real error reaches at most ~20 % of the bound)
+#: the bound is multiplied by this (measured, 200 steps of the long file: the real error reached at most
+#: 14 % of the widened bound)
 SAFETY = 1.5
 #: at least this many rows in a gathered product: MKL gives a lone gathered row other bits
 MIN_GATHER = 8
