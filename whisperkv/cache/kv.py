@@ -139,6 +139,13 @@ class SelfKV:
         self._value[:, :, self.length : self.length + n] = value
         self.length += n
 
+    def truncate(self, length: int) -> None:
+        """Hold only the first ``length`` positions (a speculative position that was not taken); the
+        buffer keeps its place, and the next ``append`` overwrites what lay beyond."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"Self-KV of layer {self.layer} holds {self.length} positions, not {length}")
+        self.length = length
+
     @property
     def key(self) -> torch.Tensor:
         return self._key[:, :, : self.length]
@@ -222,6 +229,12 @@ class DecoderCache:
     def record_tokens(self, tokens: torch.Tensor) -> None:
         self.tokens = torch.cat([self.tokens, tokens.to("cpu")], dim=1)
         self.peak_self_kv_nbytes = max(self.peak_self_kv_nbytes, self.self_kv_nbytes)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on, in each layer and in the recorded prefix."""
+        for kv in self.self_kv:
+            kv.truncate(length)
+        self.tokens = self.tokens[:, :length]
 
     def reorder(self, rows: torch.Tensor) -> None:
         for kv in self.self_kv:

@@ -16,6 +16,10 @@ A greedy window at temperature 0 of a float32 model (``rows.screened`` set) take
 vocabulary instead: ``advance_screened(hidden, screened rows, row)`` chooses the full step's token from
 the int8 screen (``decoding/screened.py``), and ``result`` adds up the deferred log-probabilities.
 
+A greedy window at temperature 0 of a model with an int8 draft (``rows.guesses`` set) feeds two rows of
+its cache when the draft guesses (``step_inputs``), and ``advance`` takes one or two tokens from them
+(``decoding/speculative.py``): the same tokens as one row a step, in fewer steps.
+
 Filters, search and ranking are ``decode.py``'s, applied to this window's rows only, so its tokens and
 scores do not depend on which other windows share the step.
 """
@@ -30,9 +34,12 @@ from whisperkv.decoding.decode import cache_report, check_options, plan_decode
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.screened import ScreenedGreedy, can_screen
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
+from whisperkv.decoding.speculative import DraftGuesses
 from whisperkv.errors import CacheReuseError
+from whisperkv.model.draft import can_draft
 
 if TYPE_CHECKING:
+    from whisperkv.cache.kv import DecoderCache
     from whisperkv.cache.store import EncodedWindow
     from whisperkv.model.vocab_screen import ScreenedRows
     from whisperkv.model.whisper import Whisper
@@ -93,6 +100,13 @@ class WindowDecode:
         if options.temperature == 0 and not options.beam_size and can_screen(model.decoder, self.filters):
             self.screened = ScreenedGreedy(model.decoder, self.filters, tokenizer.eot)
         self._sum_before_screen: torch.Tensor | None = None
+        #: greedy at temperature 0 with the model's int8 draft: its guesses and the one in flight
+        self.guesses: DraftGuesses | None = None
+        draft = getattr(model.decoder, "draft", None)
+        greedy = options.temperature == 0 and not options.beam_size and self.screened is None
+        if greedy and draft is not None and can_draft(model.decoder):
+            self.guesses = DraftGuesses(draft, self.cache, self.filters, tokenizer.eot, draft.per_step)
+        self._guesses: list[int] = []  # the draft's guesses in the step in flight
         self.exact_near = exact_near
         self.no_speech_prob = float("nan")
         self.steps = 0
@@ -123,8 +137,42 @@ class WindowDecode:
         return self.tokens[:, -1:]
 
     @torch.no_grad()
+    def step_inputs(self) -> list[tuple[torch.Tensor, DecoderCache]]:
+        """The (tokens [rows, 1], cache) groups this window feeds the next decoder step: its rows' last
+        tokens; with a draft, also the draft's guesses of the tokens after them, as further positions
+        of the same cache (``decoding/speculative.py``). Call once per step, before ``advance``."""
+        groups = [(self.next_input(), self.cache)]
+        self._guesses = []
+        if self.guesses is not None:
+            room = min(
+                self.guesses.per_step,
+                self.sample_len - self.steps - 1,  # tokens the budget still allows after the next one
+                self.n_ctx - self.tokens.shape[-1],  # and the context
+                self.n_ctx - self.cache.offset - 1,  # and the Self-KV
+            )
+            self._guesses = self.guesses.guess(self.tokens, room)
+            groups += [(torch.tensor([[g]]), self.cache) for g in self._guesses]
+        return groups
+
+    @torch.no_grad()
     def advance(self, logits: torch.Tensor) -> None:
-        """Take this window's next-token logits [rows, vocab]: filter, choose, follow beams."""
+        """Take this window's next-token logits [rows, vocab]: filter, choose, follow beams. After the
+        draft's k guesses, k + 1 rows: the step's token, then each next one while the guesses hold."""
+        guesses, self._guesses = self._guesses, []
+        self._advance(logits[:1] if guesses else logits)
+        taken = 0
+        for guess in guesses:
+            if self.done or int(self.tokens[0, -1]) != guess:
+                break
+            taken += 1
+            self._advance(logits[taken : taken + 1])
+        if guesses:
+            assert self.guesses is not None
+            self.guesses.took(taken)
+            if taken < len(guesses):  # positions of guesses not taken are not this window's
+                self.cache.truncate(self.cache.offset - (len(guesses) - taken))
+
+    def _advance(self, logits: torch.Tensor) -> None:
         logits = logits.clone()
         for f in self.filters:
             f.apply(logits, self.tokens)
@@ -192,3 +240,5 @@ class WindowDecode:
     def release(self) -> None:
         """Free the rows' Self-KV now (the window is done or cancelled); the Cross-KV stays the job's."""
         self.cache = None  # type: ignore[assignment]
+        if self.guesses is not None:
+            self.guesses.release()

@@ -5,8 +5,9 @@ A tick, top to bottom:
 2. give every job without a window its next one: encode it (through the job's ``CacheStore``, which
    names the request in every provenance), then prefill its prompt alone — it joins the next step;
 3. ONE decoder step for every active row of every job (``TextDecoder.forward_rows``), in chunks of at
-   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV; then the
-   vocabulary: every logit for beam / sampled rows (one product), the int8 screen for greedy rows;
+   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV (a window
+   with an int8 draft adds rows for its guesses, ``decoding/speculative.py``); then the vocabulary:
+   every logit for beam / sampled rows (one product), the int8 screen for greedy rows;
 4. windows whose rows finished leave at once: their caches are freed and the result goes back to its
    job, which asks for a temperature retry, moves on to its next window, or is done.
 
@@ -71,6 +72,8 @@ class Scheduler:
             "tokens_total": 0,
             "self_kv_bytes": 0,
             "cross_kv_bytes": 0,
+            "draft_guesses": 0,  # speculative windows (``decoding/speculative.py``): guesses checked,
+            "draft_accepted": 0,  # and how many were the tokens chosen
         }
 
     # ---------------------------------------------------------------------------------- public API
@@ -243,52 +246,60 @@ class Scheduler:
     def _decoder_step(self) -> None:
         """One decoder step for every active row, in chunks of at most ``max_batch`` rows."""
         live = [a for a in self._active if a.rows is not None and not a.rows.done]
-        chunk: list[_Active] = []
+        steps: list[tuple[_Active, list]] = []
+        for entry in live:
+            try:  # a window with a draft guesses here: its step may feed two rows of its cache
+                steps.append((entry, entry.rows.step_inputs()))
+            except Exception as err:  # noqa: BLE001 - this job fails; the loop and the others go on
+                self._fail(entry, err)
+        chunk: list[tuple[_Active, list]] = []
         rows = 0
         last = 0
-        for entry in live:
-            if chunk and rows + entry.rows.rows > self.max_batch:
+        for entry, groups in steps:
+            n = sum(tokens.shape[0] for tokens, _ in groups)
+            if chunk and rows + n > self.max_batch:
                 self._step_chunk(chunk)
                 last = max(last, rows)
                 chunk, rows = [], 0
-            chunk.append(entry)
-            rows += entry.rows.rows
+            chunk.append((entry, groups))
+            rows += n
         if chunk:
             self._step_chunk(chunk)
             last = max(last, rows)
         with self._lock:
             self._stats["last_batch_rows"] = last
-            if live:
+            if steps:
                 self._stats["steps_total"] += 1
-                self._stats["tokens_total"] += sum(a.rows.rows for a in live)
+                self._stats["tokens_total"] += sum(a.rows.rows for a, _ in steps)
 
-    def _step_chunk(self, chunk: list[_Active]) -> None:
+    def _step_chunk(self, chunk: list[tuple[_Active, list]]) -> None:
         """The chunk's rows through the decoder at once; then the vocabulary: every logit for the rows
         that need them (one product), the int8 screen for greedy rows (``decoding/screened.py``)."""
         decoder = self.model.decoder
         try:
-            hidden = decoder.forward_rows([(a.rows.next_input(), a.rows.cache) for a in chunk], project=False)
+            hidden = decoder.forward_rows([g for _, groups in chunk for g in groups], project=False)
+            sizes = [[tokens.shape[0] for tokens, _ in groups] for _, groups in chunk]
             starts = [0]
-            for entry in chunk:
-                starts.append(starts[-1] + entry.rows.rows)
-            full = [i for i, a in enumerate(chunk) if a.rows.screened is None]
-            screened = [i for i, a in enumerate(chunk) if a.rows.screened is not None]
+            for group_sizes in sizes:
+                starts.append(starts[-1] + sum(group_sizes))
+            full = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is None]
+            screened = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is not None]
             logits = screened_rows = None
             if full:  # every row of the chunk (no screen: the common step) or only those rows, gathered
                 rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full]) if screened else None
                 logits = decoder.project(
-                    hidden if rows is None else hidden[rows], [chunk[i].rows.rows for i in full]
+                    hidden if rows is None else hidden[rows], [n for i in full for n in sizes[i]]
                 )
             if screened:
                 assert decoder.vocab_screen is not None
                 screened_rows = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
         except Exception as err:  # noqa: BLE001 - every window of this step fails; the loop goes on
-            for entry in chunk:
+            for entry, _ in chunk:
                 self._fail(entry, err)
             return
         at = 0
-        for i, entry in enumerate(chunk):
-            n = entry.rows.rows
+        for i, (entry, _) in enumerate(chunk):
+            n = starts[i + 1] - starts[i]
             try:
                 if entry.rows.screened is None:
                     entry.rows.advance(logits[at : at + n])
@@ -303,6 +314,10 @@ class Scheduler:
         for entry in [a for a in self._active if a.rows is not None and a.rows.done]:
             try:
                 result = entry.rows.result()
+                if entry.rows.guesses is not None:
+                    with self._lock:
+                        self._stats["draft_guesses"] += entry.rows.guesses.guessed
+                        self._stats["draft_accepted"] += entry.rows.guesses.accepted
                 entry.rows.release()
                 entry.rows = None
                 entry.task = entry.job.window_done(entry.task, result)  # a retry, or None: next window

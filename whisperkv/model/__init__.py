@@ -54,6 +54,7 @@ def load_model(
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
     vocab_screen: bool = False,
+    speculative: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
 
@@ -65,6 +66,11 @@ def load_model(
     ``vocab_screen`` (float32 CPU, ``rows-gemm``): greedy steps read an int8 copy of the vocabulary table
     and compute exactly only the tokens its bound cannot rule out (``model/vocab_screen.py``): the same
     tokens, a few per cent faster on long-form greedy here, 20-30 MB more peak memory. Off by default.
+
+    ``speculative`` (float32 CPU, ``rows-gemm``): keep an int8 draft of the decoder (``model/draft.py``)
+    whose guesses greedy steps at temperature 0 check two rows at a time (``decoding/speculative.py``):
+    the same tokens and scores in fewer float32 steps. Not with ``vocab_screen`` (each replaces the
+    same greedy step). Off by default.
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
@@ -95,6 +101,15 @@ def load_model(
         vocab_layout=layout,
         vocab_screen=vocab_screen,
     )
+    if speculative:
+        from whisperkv.model.draft import DraftDecoder, can_draft
+
+        if compute_type == "int8" or vocab_screen or not can_draft(model.decoder):
+            raise ValueError(
+                "speculative decoding needs a float32 CPU model with the rows-gemm vocabulary layout, "
+                "without vocab_screen and not of the int8 compute type"
+            )
+        model.decoder.draft = DraftDecoder(model.decoder)
     if compute_type == "int8":
         from whisperkv.model.quantize import quantize_int8
 

@@ -12,6 +12,8 @@ Two ways to run it, which must give the same tokens:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -21,6 +23,9 @@ from whisperkv.model.attention import MultiHeadAttention, attend
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab_screen import VocabScreen
+
+if TYPE_CHECKING:
+    from whisperkv.model.draft import DraftDecoder
 
 
 class DecoderBlock(nn.Module):
@@ -85,6 +90,18 @@ class DecoderBlock(nn.Module):
         return x + self.mlp(self.mlp_ln(x))
 
 
+def _positions(groups: list[tuple[torch.Tensor, DecoderCache]]) -> list[int]:
+    """The position each group's rows take: their cache's next one, or the one after the position an
+    earlier group of the same cache takes in this step."""
+    taken: dict[int, int] = {}
+    positions = []
+    for _, cache in groups:
+        ahead = taken.get(id(cache), 0)
+        positions.append(cache.offset + ahead)
+        taken[id(cache)] = ahead + 1
+    return positions
+
+
 class TextDecoder(nn.Module):
     def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int) -> None:
         super().__init__()
@@ -99,6 +116,8 @@ class TextDecoder(nn.Module):
         self.kv_dtype: torch.dtype | None = None
         #: the int8 screen of the float32 table greedy steps use (``model/vocab_screen.py``), or None
         self.vocab_screen: VocabScreen | None = None
+        #: the int8 draft whose guesses greedy steps check two at a time (``model/draft.py``), or None
+        self.draft: DraftDecoder | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -172,13 +191,16 @@ class TextDecoder(nn.Module):
         only the rows that need every logit, with ``project``.
 
         ``groups`` pairs each cache with its rows' next tokens [rows, 1]. Each row is embedded at its
-        own cache's position; attention stays within each cache (see ``DecoderBlock.forward_rows``);
+        own cache's position (a cache in several consecutive groups takes that many consecutive
+        positions, in order: a speculative check, ``decoding/speculative.py``); attention stays within
+        each cache (see ``DecoderBlock.forward_rows``);
         every linear, the MLP and the vocabulary projection run once for all rows, as GEMMs cut along
         the caches' row groups (``model/row_gemm.py``) so that no row's numbers depend on the other
         caches in the step.
         """
         sizes = [tokens.shape[0] for tokens, _ in groups]
-        x = torch.cat([self._embed(tokens, cache.offset) for tokens, cache in groups])
+        positions = _positions(groups)
+        x = torch.cat([self._embed(tokens, at) for (tokens, _), at in zip(groups, positions, strict=True)])
         for i, block in enumerate(self.blocks):
             x = block.forward_rows(
                 x,

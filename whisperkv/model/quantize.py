@@ -136,6 +136,7 @@ def quantize_int8(model: Whisper, encoder_bfloat16: bool | None = None) -> Whisp
         encoder_bfloat16 = cpu_has_fast_bfloat16()
     base_digest = model.weights_digest  # of the float32 weights, before they are replaced
     model.decoder.vocab_screen = None  # the int8 type's logits are int8 already: nothing to screen
+    model.decoder.draft = None  # nor to draft: its steps are the draft's own
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     _replace_linears(model.decoder.blocks)

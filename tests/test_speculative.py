@@ -1,0 +1,128 @@
+"""Exact speculative greedy decoding (``load_model(speculative=True)``: model/draft.py,
+decoding/speculative.py): the float32 rows that check the int8 draft's guesses give the plain loop's
+tokens and scores, bit for bit, whether the guesses are right, wrong, or batched beside other requests'
+rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import whisperkv
+import whisperkv.decoding.speculative as speculative_module
+from whisperkv.cache.kv import SelfKV
+from whisperkv.engine import Scheduler
+
+from .conftest import speech_audio as _audio
+
+CLIPS = ["en/jfk.flac", "en/lj_LJ001-0007.flac", "en/timit_LDC93S1.wav"]
+LONG = "long/lj001_0001-0032_concat.flac"
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return whisperkv.load_model("tiny.en", speculative=True)
+
+
+def _plain(model, audio, **options) -> dict:
+    draft, model.decoder.draft = model.decoder.draft, None
+    try:
+        return model.transcribe(audio, **options)
+    finally:
+        model.decoder.draft = draft
+
+
+def _scores(result: dict) -> list[tuple[list[int], float, float]]:
+    return [(s["tokens"], s["avg_logprob"], s["compression_ratio"]) for s in result["segments"]]
+
+
+def _run(model, audio, **options) -> tuple[dict, dict]:
+    scheduler = Scheduler(model)
+    result = scheduler.run(scheduler.submit(audio, options))
+    return result, scheduler.stats()
+
+
+def test_speculative_is_opt_in_and_refused_where_rows_would_not_be_exact(tiny_model):
+    assert tiny_model.decoder.draft is None  # off by default
+    with pytest.raises(ValueError, match="speculative decoding needs"):
+        whisperkv.load_model("tiny.en", speculative=True, compute_type="int8")
+    with pytest.raises(ValueError, match="speculative decoding needs"):
+        whisperkv.load_model("tiny.en", speculative=True, vocab_screen=True)
+    with pytest.raises(ValueError, match="speculative decoding needs"):
+        whisperkv.load_model("tiny.en", speculative=True, vocab_layout="rows")  # 1 row != 2 rows
+
+
+@pytest.mark.parametrize("per_step", [1, 2, 3])
+def test_guesses_checked_k_at_a_time_give_the_plain_transcript_bit_for_bit(draft_model, per_step):
+    """k = 3 also runs the step's 4 rows as two 2-column chunks: still every row's own bits."""
+    draft_model.decoder.draft.per_step = per_step
+    try:
+        for clip in CLIPS:
+            audio = _audio(clip)
+            (fast, stats), plain = _run(draft_model, audio, temperature=0.0), _plain(
+                draft_model, audio, temperature=0.0
+            )
+            assert _scores(fast) == _scores(plain), clip  # tokens, and the scores exactly equal
+            assert fast["text"] == plain["text"]
+            tokens = sum(len(s["tokens"]) for s in fast["segments"])
+            assert stats["steps_total"] < tokens  # guesses were taken: fewer float32 steps than tokens
+    finally:
+        draft_model.decoder.draft.per_step = 1
+
+
+def test_long_form_with_prompts_and_timestamps_is_the_plain_loop(draft_model):
+    audio = _audio(LONG, seconds=60)
+    options = {"temperature": 0.0, "condition_on_previous_text": True}
+    (fast, stats), plain = _run(draft_model, audio, **options), _plain(draft_model, audio, **options)
+    assert _scores(fast) == _scores(plain)
+    assert [(s["start"], s["end"]) for s in fast["segments"]] == [
+        (s["start"], s["end"]) for s in plain["segments"]
+    ]
+    # the int8 draft agrees with float32 on most tokens: a broken draft (say, a wrong position) would
+    # still give exact transcripts, only slowly; this is what catches it
+    assert stats["draft_accepted"] >= 0.8 * stats["draft_guesses"] > 0
+
+
+def test_wrong_guesses_are_dropped_from_the_self_kv(draft_model, monkeypatch):
+    """A draft that is wrong every other step: the rejected positions leave the Self-KV and the tokens
+    are still the plain loop's (and a guessed end of text that is wrong changes nothing either)."""
+    real_guess = speculative_module.DraftGuesses.guess
+    eot = draft_model.tokenizer.eot
+    calls = {"n": 0}
+
+    def sometimes_wrong(self, tokens, room):
+        guesses = real_guess(self, tokens, room)
+        calls["n"] += 1
+        if guesses and calls["n"] % 2:
+            guesses[0] = eot if calls["n"] % 4 == 1 else 13  # "." where the draft said otherwise
+        return guesses
+
+    monkeypatch.setattr(speculative_module.DraftGuesses, "guess", sometimes_wrong)
+    audio = _audio(CLIPS[1])
+    fast, _ = _run(draft_model, audio, temperature=0.0)
+    monkeypatch.undo()
+    assert _scores(fast) == _scores(_plain(draft_model, audio, temperature=0.0))
+    assert calls["n"] > 4
+
+
+def test_speculative_window_batched_beside_beams_equals_its_solo_run(draft_model):
+    audios = [_audio(CLIPS[0]), _audio(CLIPS[2])]
+    solo = [_plain(draft_model, audios[0], temperature=0.0),
+            _plain(draft_model, audios[1], temperature=0.0, beam_size=5)]
+    scheduler = Scheduler(draft_model, max_batch=16)
+    handles = [scheduler.submit(audios[0], {"temperature": 0.0}),
+               scheduler.submit(audios[1], {"temperature": 0.0, "beam_size": 5})]
+    while scheduler.tick():
+        pass
+    results = [h.result() for h in handles]
+    assert [_scores(r) for r in results] == [_scores(r) for r in solo]
+    assert scheduler.stats()["draft_guesses"] > 0
+
+
+def test_self_kv_truncate_keeps_a_prefix_only():
+    kv = SelfKV(0, 1, 8, 4, torch.float32, "cpu")
+    kv.append(torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4))
+    kv.truncate(2)
+    assert kv.key.shape[2] == 2
+    with pytest.raises(ValueError, match="holds 2 positions, not 3"):
+        kv.truncate(3)

@@ -1,0 +1,116 @@
+"""An int8 draft of a float32 decoder: cheap guesses of the next token for exact speculative decoding.
+
+Why: a float32 greedy step reads every weight of the decoder for one token, and its GEMMs already run
+two columns wide (``model/row_gemm.py``: a lone row is padded with a zero row). A second real row — a
+guess of the token after the one being chosen — therefore rides along for the price of its attention,
+and each right guess saves a whole float32 step. The guess has to be cheap and usually right: this
+draft runs the same decoder with int8 weights (``model/quantize.py``'s ``Int8Linear``, per-row scales),
+about half a float32 step here, and agrees with it on most tokens.
+
+The draft never decides a token: ``decoding/speculative.py`` keeps only what the float32 rows choose.
+
+What it shares and what it owns: the float32 decoder's token and position embeddings, its LayerNorms
+and every window's Cross-KV (projected once by the float32 layers; the draft reads it, never copies
+it); it owns int8 copies of the blocks' other linears and of the vocabulary table (tiny.en: 8 + 20 MB)
+and, per window, its own Self-KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
+from whisperkv.model.attention import attend, heads
+from whisperkv.model.quantize import Int8Linear
+
+if TYPE_CHECKING:
+    from whisperkv.model.decoder import DecoderBlock, TextDecoder
+
+
+@dataclass(frozen=True)
+class _DraftBlock:
+    """One decoder block's int8 linears beside the float32 block's LayerNorms and activation."""
+
+    source: DecoderBlock
+    qkv: Int8Linear
+    out: Int8Linear
+    cross_query: Int8Linear
+    cross_out: Int8Linear
+    up: Int8Linear
+    down: Int8Linear
+
+    @classmethod
+    def of(cls, block: DecoderBlock) -> _DraftBlock:
+        attn, cross = block.attn, block.cross_attn
+        qkv_weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
+        qkv_bias = torch.cat([attn.query.bias, torch.zeros_like(attn.query.bias), attn.value.bias])
+        up, _, down = block.mlp
+        return cls(
+            block,
+            Int8Linear(qkv_weight, qkv_bias),
+            Int8Linear.from_linear(attn.out),
+            Int8Linear.from_linear(cross.query),
+            Int8Linear.from_linear(cross.out),
+            Int8Linear.from_linear(up),
+            Int8Linear.from_linear(down),
+        )
+
+    def __call__(self, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV) -> torch.Tensor:
+        block, n_head = self.source, self.source.attn.n_head
+        offset = self_kv.length
+        q, k, v = self.qkv(block.attn_ln(x)).chunk(3, dim=-1)
+        self_kv.append(heads(k, n_head), heads(v, n_head))
+        x = x + self.out(attend(q, self_kv.key, self_kv.value, causal_offset=offset))
+        q = self.cross_query(block.cross_attn_ln(x))
+        x = x + self.cross_out(attend(q, cross_kv.key, cross_kv.value))
+        return x + self.down(block.mlp[1](self.up(block.mlp_ln(x))))
+
+
+class DraftDecoder:
+    """The int8 draft of one float32 ``TextDecoder`` (a plain object: its tensors are not parameters,
+    so the float32 model's state dict and weights digest do not change)."""
+
+    def __init__(self, decoder: TextDecoder, per_step: int = 1) -> None:
+        self.decoder = decoder
+        #: how many guesses a float32 step checks (each one more row of the step)
+        self.per_step = per_step
+        with torch.no_grad():
+            self.blocks = [_DraftBlock.of(block) for block in decoder.blocks]
+            self.vocabulary = Int8Linear(decoder.token_embedding.weight, None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of int8 weights the draft holds (scales and biases aside)."""
+        linears = [getattr(b, name) for b in self.blocks for name in ("qkv", "out", "cross_query",
+                                                                      "cross_out", "up", "down")]
+        return sum(linear.nbytes for linear in linears) + self.vocabulary.nbytes
+
+    def new_cache(self, cross_kv: list[CrossKV]) -> DecoderCache:
+        """An empty one-row Self-KV per layer beside the float32 window's own Cross-KV (shared)."""
+        return self.decoder.new_cache(cross_kv, batch_size=1)
+
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """The draft's logits [vocab] after ``tokens`` [1, T], appended to its Self-KV."""
+        x = self.decoder._embed(tokens, cache.offset)
+        for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv, strict=True):
+            x = block(x, self_kv, cross_kv)
+        cache.record_tokens(tokens)
+        return self.vocabulary(self.decoder.ln(x[:, -1:]))[0, 0].float()
+
+
+def can_draft(decoder: nn.Module) -> bool:
+    """A float32 CPU decoder whose step rows keep their bits in any 2-column chunk (``rows-gemm``): a
+    verified row must equal the row a lone step computes."""
+    from whisperkv.model.vocab import ChunkedRowProjection
+
+    weight = decoder.token_embedding.weight
+    return (
+        isinstance(decoder.logits_projection, ChunkedRowProjection)
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+    )
