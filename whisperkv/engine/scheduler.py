@@ -252,6 +252,7 @@ class Scheduler:
                 steps.append((entry, entry.rows.step_inputs()))
             except Exception as err:  # noqa: BLE001 - this job fails; the loop and the others go on
                 self._fail(entry, err)
+        steps_before = [entry.rows.steps for entry, _ in steps]
         chunk: list[tuple[_Active, list]] = []
         rows = 0
         last = 0
@@ -270,7 +271,13 @@ class Scheduler:
             self._stats["last_batch_rows"] = last
             if steps:
                 self._stats["steps_total"] += 1
-                self._stats["tokens_total"] += sum(a.rows.rows for a, _ in steps)
+                # every row of a window took as many tokens as its window made steps (two or more
+                # after a right guess of the draft); a window that failed this step took none
+                self._stats["tokens_total"] += sum(
+                    (a.rows.steps - before) * a.rows.rows
+                    for (a, _), before in zip(steps, steps_before, strict=True)
+                    if a.rows is not None
+                )
 
     def _step_chunk(self, chunk: list[tuple[_Active, list]]) -> None:
         """The chunk's rows through the decoder at once; then the vocabulary: every logit for the rows
