@@ -13,6 +13,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,7 +27,7 @@ import torch
 after_torch = rss()
 import whisperkv
 model = whisperkv.load_model(sys.argv[1], compute_type=sys.argv[2])
-print(json.dumps({"torch": after_torch, "loaded": rss(),
+print(json.dumps({"torch": after_torch, "loaded": rss(), "package": whisperkv.__file__,
                   "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "weights": sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20}))
 """
@@ -38,21 +39,28 @@ def main() -> int:
     p.add_argument("--compute_types", default="default,int8")
     args = p.parse_args()
     print(describe(1))
+    packages = set()
     header = f"{'model':<9}{'compute':<9}{'after torch MB':>15}{'after load MB':>15}"
     print(f"\n{header}{'peak MB':>9}{'load adds':>11}")
     for model in args.models.split(","):
         for compute in args.compute_types.split(","):
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, model, compute], capture_output=True, text=True, check=False
+            out = subprocess.run(  # not run in this checkout: its directory would come before PYTHONPATH
+                [sys.executable, "-c", CHILD, model, compute],
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd=tempfile.gettempdir(),
             )
             if out.returncode:
                 print(f"{model:<9}{compute:<9} failed: {out.stderr.strip().splitlines()[-1:]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            packages.add(str(Path(r["package"]).parent))
             print(
                 f"{model:<9}{compute:<9}{r['torch']:>15.0f}{r['loaded']:>15.0f}{r['peak']:>9.0f}"
                 f"{r['peak'] - r['torch']:>11.0f}"
             )
+    print(f"whisperkv measured: {', '.join(sorted(packages))}")
     return 0
 
 
