@@ -52,16 +52,21 @@ def test_speculative_is_opt_in_and_refused_where_rows_would_not_be_exact(tiny_mo
         whisperkv.load_model("tiny.en", speculative=True, vocab_layout="rows")  # 1 row != 2 rows
 
 
+@pytest.fixture(scope="module")
+def plain_clips(draft_model) -> dict[str, dict]:
+    return {clip: _plain(draft_model, _audio(clip), temperature=0.0) for clip in CLIPS}
+
+
 @pytest.mark.parametrize("per_step", [1, 2, 3])
-def test_guesses_checked_k_at_a_time_give_the_plain_transcript_bit_for_bit(draft_model, per_step):
-    """k = 3 also runs the step's 4 rows as two 2-column chunks: still every row's own bits."""
+def test_guesses_checked_k_at_a_time_give_the_plain_transcript_bit_for_bit(
+    draft_model, plain_clips, per_step
+):
+    """k = 2 runs the step's 3 rows as one 3-column chunk, k = 3 its 4 rows as two 2-column chunks:
+    every row keeps its own bits either way."""
     draft_model.decoder.draft.per_step = per_step
     try:
-        for clip in CLIPS:
-            audio = _audio(clip)
-            (fast, stats), plain = _run(draft_model, audio, temperature=0.0), _plain(
-                draft_model, audio, temperature=0.0
-            )
+        for clip, plain in plain_clips.items():
+            fast, stats = _run(draft_model, _audio(clip), temperature=0.0)
             assert _scores(fast) == _scores(plain), clip  # tokens, and the scores exactly equal
             assert fast["text"] == plain["text"]
             tokens = sum(len(s["tokens"]) for s in fast["segments"])
@@ -91,7 +96,7 @@ def test_long_form_with_prompts_and_timestamps_is_the_plain_loop(draft_model):
     assert stats["draft_accepted"] >= 0.8 * stats["draft_guesses"] > 0
 
 
-def test_wrong_guesses_are_dropped_from_the_self_kv(draft_model, monkeypatch):
+def test_wrong_guesses_are_dropped_from_the_self_kv(draft_model, plain_clips, monkeypatch):
     """A draft that is wrong every other step: the rejected positions leave the Self-KV and the tokens
     are still the plain loop's (and a guessed end of text that is wrong changes nothing either)."""
     real_guess = speculative_module.DraftGuesses.guess
@@ -106,17 +111,15 @@ def test_wrong_guesses_are_dropped_from_the_self_kv(draft_model, monkeypatch):
         return guesses
 
     monkeypatch.setattr(speculative_module.DraftGuesses, "guess", sometimes_wrong)
-    audio = _audio(CLIPS[1])
-    fast, _ = _run(draft_model, audio, temperature=0.0)
+    fast, _ = _run(draft_model, _audio(CLIPS[1]), temperature=0.0)
     monkeypatch.undo()
-    assert _scores(fast) == _scores(_plain(draft_model, audio, temperature=0.0))
+    assert _scores(fast) == _scores(plain_clips[CLIPS[1]])
     assert calls["n"] > 4
 
 
-def test_speculative_window_batched_beside_beams_equals_its_solo_run(draft_model):
+def test_speculative_window_batched_beside_beams_equals_its_solo_run(draft_model, plain_clips):
     audios = [_audio(CLIPS[0]), _audio(CLIPS[2])]
-    solo = [_plain(draft_model, audios[0], temperature=0.0),
-            _plain(draft_model, audios[1], temperature=0.0, beam_size=5)]
+    solo = [plain_clips[CLIPS[0]], _plain(draft_model, audios[1], temperature=0.0, beam_size=5)]
     scheduler = Scheduler(draft_model, max_batch=16)
     handles = [scheduler.submit(audios[0], {"temperature": 0.0}),
                scheduler.submit(audios[1], {"temperature": 0.0, "beam_size": 5})]
