@@ -42,8 +42,10 @@ def _run(model, audio, **options) -> tuple[dict, dict]:
     return result, scheduler.stats()
 
 
-def test_speculative_is_opt_in_and_refused_where_rows_would_not_be_exact(tiny_model):
+def test_speculative_is_opt_in_and_refused_where_rows_would_not_be_exact(tiny_model, monkeypatch):
     assert tiny_model.decoder.draft is None  # off by default
+    # refused before any weights are read
+    monkeypatch.setattr(whisperkv.model, "load_checkpoint", lambda *_: pytest.fail("weights were read"))
     with pytest.raises(ValueError, match="speculative decoding needs"):
         whisperkv.load_model("tiny.en", speculative=True, compute_type="int8")
     with pytest.raises(ValueError, match="speculative decoding needs"):
@@ -76,7 +78,7 @@ def test_guesses_checked_k_at_a_time_give_the_plain_transcript_bit_for_bit(
 
 
 def test_long_form_with_prompts_and_timestamps_is_the_plain_loop(draft_model):
-    audio = _audio(LONG, seconds=60)
+    audio = _audio(LONG, seconds=40)  # two windows: the second one prompted with the first one's text
     options = {"temperature": 0.0, "condition_on_previous_text": True}
     fast, stats = _run(draft_model, audio, **options)
     draft, draft_model.decoder.draft = draft_model.decoder.draft, None

@@ -12,6 +12,11 @@ from whisperkv.weights import Checkpoint, load_checkpoint
 
 __all__ = ["KNOWN_DIMS", "ModelDims", "Whisper", "load_model", "model_from_checkpoint"]
 
+SPECULATIVE_NEEDS = (
+    "speculative decoding needs a float32 CPU model with the rows-gemm vocabulary layout, "
+    "without vocab_screen and not of the int8 compute type"
+)
+
 
 def model_from_checkpoint(
     ckpt: Checkpoint,
@@ -89,6 +94,14 @@ def load_model(
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
+    if speculative and (
+        compute_type == "int8"
+        or vocab_screen
+        or vocab_layout not in (DEFAULT_LAYOUT, "measure")
+        or str(device) != "cpu"
+        or dtype != torch.float32
+    ):
+        raise ValueError(SPECULATIVE_NEEDS)  # before reading any weights
     layout = None
     if str(device) == "cpu" and dtype == torch.float32:
         layout = vocab_layout
@@ -104,11 +117,8 @@ def load_model(
     if speculative:
         from whisperkv.model.draft import DraftDecoder, can_draft
 
-        if compute_type == "int8" or vocab_screen or not can_draft(model.decoder):
-            raise ValueError(
-                "speculative decoding needs a float32 CPU model with the rows-gemm vocabulary layout, "
-                "without vocab_screen and not of the int8 compute type"
-            )
+        if not can_draft(model.decoder):  # "measure" chose another layout
+            raise ValueError(SPECULATIVE_NEEDS)
         model.decoder.draft = DraftDecoder(model.decoder)
     if compute_type == "int8":
         from whisperkv.model.quantize import quantize_int8
