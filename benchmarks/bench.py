@@ -137,11 +137,14 @@ class WhisperKV(Engine):
             from whisperkv.batched import transcribe_batched
 
             result = transcribe_batched(
-                self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad
+                self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad, language="en"
             )
             windows = result["batched"]["windows"] + result["batched"]["fallbacks"]
         else:
-            result = self.model.transcribe(audio, beam_size=beam_size, best_of=5)
+            # the language is given, as to every peer: a multilingual model would otherwise detect it,
+            # which costs a clip shorter than 30 s a second encoder pass (the detection window is the
+            # first 30 s of the padded log-Mel, as in openai-whisper, not the clip's own window)
+            result = self.model.transcribe(audio, beam_size=beam_size, best_of=5, language="en")
             windows = len({s["seek"] for s in result["segments"]})
         return {
             "text": result["text"],
@@ -208,7 +211,7 @@ class OpenAIWhisper(Engine):
         self.model = whisper.load_model(pt_path, device="cpu")
 
     def transcribe(self, audio, beam_size):
-        result = self.model.transcribe(audio, beam_size=beam_size, best_of=5, fp16=False)
+        result = self.model.transcribe(audio, beam_size=beam_size, best_of=5, fp16=False, language="en")
         return {
             "text": result["text"],
             "tokens": sum(len(s["tokens"]) for s in result["segments"]),
