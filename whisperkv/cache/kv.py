@@ -100,10 +100,13 @@ class SelfKV:
         n_head: int = 1,
     ) -> None:
         self.layer = layer
-        # [B, H, capacity, d/H]: a read of the first T positions is a view with contiguous rows
+        # [B, H, capacity, d/H]: a read of the first T positions is a view with contiguous rows.
+        # Not zeroed: only positions below ``length`` are ever read (every read is a view up to it), and
+        # zeroing wrote every page of the 448-position buffer, so the whole capacity was resident from the
+        # first step (base, beam 5: 55 MB) where a window uses a few hundred positions at most
         shape = (batch, n_head, capacity, width // n_head)
-        self._key = torch.zeros(shape, dtype=dtype, device=device)
-        self._value = torch.zeros(shape, dtype=dtype, device=device)
+        self._key = torch.empty(shape, dtype=dtype, device=device)
+        self._value = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
         self._owner: weakref.ref[DecoderCache] | None = None
 

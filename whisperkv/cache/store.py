@@ -117,14 +117,16 @@ class CacheStore:
             found.handed_out_at = time.perf_counter()
             return found
         self.misses += 1
+        # room first: a full store would otherwise hold max_entries windows while computing one more
+        # (base: 40 MB of Cross-KV and encoder output a window)
+        while self.entries and len(self.entries) >= self.max_entries:
+            self.entries.pop(next(iter(self.entries)))
         window = self.encoder.encode(model, mel, provenance, reason)
         # an encoder answers for the window it was asked for, or not at all
         if window.provenance != provenance:
             check_reuse("encoder output", window.provenance, provenance)
         if window.costs is not None:
             self.window_costs.append(window.costs)
-        if len(self.entries) >= self.max_entries:
-            self.entries.pop(next(iter(self.entries)))
         self.entries[provenance] = window
         window.handed_out_at = time.perf_counter()
         return window

@@ -86,8 +86,11 @@ class Job:
             generator = torch.Generator()
             generator.set_state(torch.random.get_rng_state())
         self.generator = generator
-        # the window being decoded, and the language window; provenance names this request
-        self.store = CacheStore(max_entries=2, request_id=request_id, encoder=options.encoder)
+        # the window being decoded (the language window is the first one when they are the same window;
+        # otherwise it is not needed again); provenance names this request. The seek only moves forward,
+        # and a window's task holds it while it is decoded, retried and aligned: one entry, so a finished
+        # window's Cross-KV is freed before the next window is encoded, not after
+        self.store = CacheStore(max_entries=1, request_id=request_id, encoder=options.encoder)
         self.content_frames = self.source.content_frames
         self.content_duration = float(self.content_frames * HOP_LENGTH / SAMPLE_RATE)
         self.input_stride = N_FRAMES // model.dims.n_audio_ctx  # Mel frames per encoder position: 2
