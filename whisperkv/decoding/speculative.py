@@ -18,10 +18,11 @@ Self-KV. Tokens, scores and caches are the plain loop's, bit for bit; only the n
 changes. (A 2-query attention call would read the Cross-KV once, but its rows' bits differ from a
 1-query call's; it is not used.)
 
-Measured here (``benchmarks/speculative.py``): the draft is right ~95 % of the time, so steps halve
-(k = 1) or fall to a third (k = 2) — but a draft guess costs 3.8–4.8 ms (its small int8 linears are
-dispatch-bound like the float32 ones) and each extra row ~1.7 ms (its cross-attention reads the whole
-Cross-KV again), so whole runs are no faster on tiny.en and a few per cent on base. Off by default.
+Measured here (``benchmarks/speculative.py``, RESULTS round 5): the draft is right on 92–98 % of its
+guesses, so float32 steps halve (k = 1) or fall to a third (k = 2) — but a guess costs 4.1 ms (5.2 ms in
+the engine, with its filters: the draft's ~100 small ops are as dispatch-bound, and its reads of the
+Cross-KV and int8 table as cold, as the float32 step's), and a checked row ~0.7 ms plus its token
+choice. Whole runs took 0.98–1.03 of the plain loop's time on tiny.en, 0.92–0.99 on base. Off by default.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ class DraftGuesses:
         self._base = 0  # the window's length when the last guesses were made
         self.guessed = 0
         self.accepted = 0
-        self.steps = 0
 
     def guess(self, tokens: torch.Tensor, room: int) -> list[int]:
         """Up to ``room`` guessed tokens after the window's ``tokens`` [1, T], each filtered as the
@@ -85,7 +85,6 @@ class DraftGuesses:
         """How many of the last guesses were the tokens the float32 rows chose: the draft's Self-KV
         keeps those, and drops the positions of the others."""
         self.accepted += taken
-        self.steps += 1
         self.fed = min(self.fed, self._base + taken)
         self.cache.truncate(self.fed)
 

@@ -16,9 +16,9 @@ A greedy window at temperature 0 of a float32 model (``rows.screened`` set) take
 vocabulary instead: ``advance_screened(hidden, screened rows, row)`` chooses the full step's token from
 the int8 screen (``decoding/screened.py``), and ``result`` adds up the deferred log-probabilities.
 
-A greedy window at temperature 0 of a model with an int8 draft (``rows.guesses`` set) feeds two rows of
-its cache when the draft guesses (``step_inputs``), and ``advance`` takes one or two tokens from them
-(``decoding/speculative.py``): the same tokens as one row a step, in fewer steps.
+A greedy window at temperature 0 of a model with an int8 draft (``rows.guesses`` set) feeds k + 1 rows
+of its cache when the draft guesses k tokens (``step_inputs``), and ``advance`` takes 1 to k + 1 tokens
+from them (``decoding/speculative.py``): the same tokens as one row a step, in fewer steps.
 
 Filters, search and ranking are ``decode.py``'s, applied to this window's rows only, so its tokens and
 scores do not depend on which other windows share the step.
