@@ -123,8 +123,10 @@ def test_speculative_window_batched_beside_beams_equals_its_solo_run(draft_model
     audios = [_audio(CLIPS[0]), _audio(CLIPS[2])]
     solo = [plain_clips[CLIPS[0]], _plain(draft_model, audios[1], temperature=0.0, beam_size=5)]
     scheduler = Scheduler(draft_model, max_batch=16)
-    handles = [scheduler.submit(audios[0], {"temperature": 0.0}),
-               scheduler.submit(audios[1], {"temperature": 0.0, "beam_size": 5})]
+    handles = [
+        scheduler.submit(audios[0], {"temperature": 0.0}),
+        scheduler.submit(audios[1], {"temperature": 0.0, "beam_size": 5}),
+    ]
     while scheduler.tick():
         pass
     results = [h.result() for h in handles]

@@ -85,8 +85,11 @@ class DraftDecoder:
     @property
     def nbytes(self) -> int:
         """Bytes of int8 weights the draft holds (scales and biases aside)."""
-        linears = [getattr(b, name) for b in self.blocks for name in ("qkv", "out", "cross_query",
-                                                                      "cross_out", "up", "down")]
+        linears = [
+            getattr(b, name)
+            for b in self.blocks
+            for name in ("qkv", "out", "cross_query", "cross_out", "up", "down")
+        ]
         return sum(linear.nbytes for linear in linears) + self.vocabulary.nbytes
 
     def new_cache(self, cross_kv: list[CrossKV]) -> DecoderCache:
