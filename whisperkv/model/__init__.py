@@ -97,7 +97,7 @@ def load_model(
     if speculative and (
         compute_type == "int8"
         or vocab_screen
-        or vocab_layout not in (DEFAULT_LAYOUT, "measure")
+        or vocab_layout not in ("rows-gemm", "measure")
         or str(device) != "cpu"
         or dtype != torch.float32
     ):

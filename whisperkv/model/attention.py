@@ -42,8 +42,7 @@ class MultiHeadAttention(nn.Module):
         builds the fused layer another way (int8 quantisation).
         """
         n = self.query.weight.shape[0]
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach()
-        bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias]).detach()
+        weight, bias = self.qkv_parameters()
         self.query.weight, self.key.weight, self.value.weight = (
             nn.Parameter(w, requires_grad=False) for w in weight.split(n)
         )
@@ -53,6 +52,14 @@ class MultiHeadAttention(nn.Module):
             self.qkv = functools.partial(F.linear, weight=weight, bias=bias)
         else:
             self.qkv = make_linear(weight, bias)
+
+    def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query|key|value weights as one [3d, d] matrix and their biases as one vector (the key has
+        no bias: zeros there), new tensors: what ``fuse_qkv`` and the int8 draft (``model/draft.py``)
+        build their one projection from."""
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach()
+        bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias]).detach()
+        return weight, bias
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
         """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again."""
