@@ -43,17 +43,21 @@ class DraftGuesses:
     """The draft's side of one window: its Self-KV, the chosen tokens it has not read yet, counts."""
 
     def __init__(
-        self, draft: DraftDecoder, cache: DecoderCache, filters: list[LogitFilter], eot: int, per_step: int
+        self, draft: DraftDecoder, cache: DecoderCache, filters: list[LogitFilter], eot: int
     ) -> None:
         self.draft = draft
         self.eot = eot
-        self.per_step = per_step  # guesses checked per float32 step
         self.cache = draft.new_cache(cache.cross_kv)
         self.filters = filters
         self.fed = 0  # how many of the window's tokens the draft's Self-KV holds
         self._base = 0  # the window's length when the last guesses were made
         self.guessed = 0
         self.accepted = 0
+
+    @property
+    def per_step(self) -> int:
+        """Guesses a float32 step checks: the draft's setting, read at each step."""
+        return self.draft.per_step
 
     def guess(self, tokens: torch.Tensor, room: int) -> list[int]:
         """Up to ``room`` guessed tokens after the window's ``tokens`` [1, T], each filtered as the

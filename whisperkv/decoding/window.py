@@ -105,7 +105,7 @@ class WindowDecode:
         draft = getattr(model.decoder, "draft", None)
         greedy = options.temperature == 0 and not options.beam_size and self.screened is None
         if greedy and draft is not None and can_draft(model.decoder):
-            self.guesses = DraftGuesses(draft, self.cache, self.filters, tokenizer.eot, draft.per_step)
+            self.guesses = DraftGuesses(draft, self.cache, self.filters, tokenizer.eot)
         self._guesses: list[int] = []  # the draft's guesses in the step in flight
         self.exact_near = exact_near
         self.no_speech_prob = float("nan")
