@@ -59,13 +59,24 @@ class Engine:
 
 class WhisperKV(Engine):
     def __init__(
-        self, model: str, compute_type: str, batched: bool = False, vad: str = "energy", screen: bool = False
+        self,
+        model: str,
+        compute_type: str,
+        batched: bool = False,
+        vad: str = "energy",
+        screen: bool = False,
+        sdpa: bool = False,
     ) -> None:
         import whisperkv
+        from whisperkv.model.quantize import use_attention_kernel
         from whisperkv.model.vocab import current_layout
 
         self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
+        if sdpa:  # the int8 type's steps as before the attention kernel: PyTorch's SDPA
+            use_attention_kernel(self.model.decoder, None)
         layout = current_layout(self.model.decoder)
+        if self.model.decoder.attention_kernel is not None:
+            layout += ", attn kernel"
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if screen else ""
         self.batched, self.vad = batched, vad
@@ -223,7 +234,9 @@ ENGINES = (
     "whisperkv-fp32",
     "whisperkv-fp32-screened",
     "whisperkv-int8",
+    "whisperkv-int8-sdpa",
     "whisperkv-batched-int8",
+    "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
     "faster-whisper-fp32",
@@ -239,7 +252,14 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
         compute = "int8" if "int8" in spec else "float32"
         vad = "silero" if "silero" in spec else "energy"
-        return WhisperKV(paths["model"], compute, "batched" in spec, vad, screen=spec.endswith("-screened"))
+        return WhisperKV(
+            paths["model"],
+            compute,
+            "batched" in spec,
+            vad,
+            screen=spec.endswith("-screened"),
+            sdpa=spec.endswith("-sdpa"),
+        )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
         return FasterWhisper(paths["ct2_dir"], compute, threads, batched="batched" in spec)
@@ -469,7 +489,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
-    default = [e for e in ENGINES if not e.endswith("-screened")]  # the opt-in screen when asked for
+    # the opt-in screen, and the int8 type without its attention kernel, when asked for
+    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -546,6 +567,10 @@ def main() -> int:
             if peer.startswith("whisperkv") or (a2, m2) != (audio_name, mode):
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
+    for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA, same int8 type
+        plain = (spec.removesuffix("-sdpa"), audio_name, mode)
+        if spec.endswith("-sdpa") and plain in table:
+            print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
     return 0
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from whisperkv.model.row_gemm import FusedRowGemm, linear_rows
+
+if TYPE_CHECKING:
+    from whisperkv.model.attend_kernel import AttendKernel
 
 
 class MultiHeadAttention(nn.Module):
@@ -28,6 +32,8 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(n_state, n_state)
         #: query|key|value as one projection (set by ``fuse_qkv``): one weight read instead of three
         self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: the int8 type's kernel for decoder steps (``model/attend_kernel.py``), or None: SDPA only
+        self.kernel: AttendKernel | None = None
 
     def fuse_qkv(
         self,
@@ -107,7 +113,16 @@ class MultiHeadAttention(nn.Module):
         self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal_offset: int | None = None
     ) -> torch.Tensor:
         """Like ``forward``, for queries [B, Tq, d] already projected (by ``project_qkv``)."""
-        return self.out(attend(q, key, value, causal_offset))
+        return self.out(self.attention(q, key, value, causal_offset))
+
+    def attention(
+        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal_offset: int | None = None
+    ) -> torch.Tensor:
+        """``attend`` (no output projection), through this layer's kernel where it has one and the
+        kernel takes the shapes (one new position per row: a decoder step)."""
+        if self.kernel is not None and self.kernel.accepts(q, key, value, causal_offset):
+            return self.kernel(q, key, value)
+        return attend(q, key, value, causal_offset)
 
     def weights(self, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Softmax attention weights [B, H, Tq, Tk] (no mask): what word alignment reads."""

@@ -19,12 +19,13 @@ from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
-from whisperkv.model.attention import MultiHeadAttention, attend
+from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab_screen import VocabScreen
 
 if TYPE_CHECKING:
+    from whisperkv.model.attend_kernel import AttendKernel
     from whisperkv.model.draft import DraftDecoder
 
 
@@ -69,13 +70,13 @@ class DecoderBlock(nn.Module):
             rows = slice(start, start + size)
             offset = self_kv.length
             self_kv.append(k[rows], v[rows])
-            outs.append(attend(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
+            outs.append(self.attn.attention(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
             start += size
         x = x + linear_rows(self.attn.out, torch.cat(outs), sizes)
         q = linear_rows(self.cross_attn.query, self.cross_attn_ln(x), sizes)
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
-            outs.append(attend(q[start : start + size], cross_kv.key, cross_kv.value))
+            outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))
             start += size
         x = x + linear_rows(self.cross_attn.out, torch.cat(outs), sizes)
         up, activation, down = self.mlp
@@ -118,6 +119,8 @@ class TextDecoder(nn.Module):
         self.vocab_screen: VocabScreen | None = None
         #: the int8 draft whose guesses greedy steps check two at a time (``model/draft.py``), or None
         self.draft: DraftDecoder | None = None
+        #: the int8 type's attention kernel for steps (``model/attend_kernel.py``); None: SDPA everywhere
+        self.attention_kernel: AttendKernel | None = None
 
     @property
     def n_ctx(self) -> int:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
+from whisperkv.model.attend_kernel import AttendKernel, load_kernel
 from whisperkv.model.attention import attend, heads
 from whisperkv.model.quantize import Int8Linear
 
@@ -43,9 +44,10 @@ class _DraftBlock:
     cross_out: Int8Linear
     up: Int8Linear
     down: Int8Linear
+    kernel: AttendKernel | None  # the int8 type's step attention (``model/attend_kernel.py``), if built
 
     @classmethod
-    def of(cls, block: DecoderBlock) -> _DraftBlock:
+    def of(cls, block: DecoderBlock, kernel: AttendKernel | None) -> _DraftBlock:
         attn, cross = block.attn, block.cross_attn
         up, _, down = block.mlp
         return cls(
@@ -56,16 +58,24 @@ class _DraftBlock:
             Int8Linear.from_linear(cross.out),
             Int8Linear.from_linear(up),
             Int8Linear.from_linear(down),
+            kernel,
         )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None = None
+    ) -> torch.Tensor:
+        if self.kernel is not None and self.kernel.accepts(q, k, v, causal_offset):
+            return self.kernel(q, k, v)
+        return attend(q, k, v, causal_offset)
 
     def __call__(self, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV) -> torch.Tensor:
         block, n_head = self.source, self.source.attn.n_head
         offset = self_kv.length
         q, k, v = self.qkv(block.attn_ln(x)).chunk(3, dim=-1)
         self_kv.append(heads(k, n_head), heads(v, n_head))
-        x = x + self.out(attend(q, self_kv.key, self_kv.value, causal_offset=offset))
+        x = x + self.out(self._attend(q, self_kv.key, self_kv.value, causal_offset=offset))
         q = self.cross_query(block.cross_attn_ln(x))
-        x = x + self.cross_out(attend(q, cross_kv.key, cross_kv.value))
+        x = x + self.cross_out(self._attend(q, cross_kv.key, cross_kv.value))
         return x + self.down(block.mlp[1](self.up(block.mlp_ln(x))))
 
 
@@ -78,7 +88,8 @@ class DraftDecoder:
         #: how many guesses a float32 step checks (each one more row of the step)
         self.per_step = per_step
         with torch.no_grad():
-            self.blocks = [_DraftBlock.of(block) for block in decoder.blocks]
+            kernel = load_kernel()
+            self.blocks = [_DraftBlock.of(block, kernel) for block in decoder.blocks]
             self.vocabulary = Int8Linear(decoder.token_embedding.weight, None)
 
     @property

@@ -13,6 +13,8 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
 * the Self-KV and Cross-KV stay float32: a step's attention over bfloat16 keys was slower here.
+* a decoder step's attention runs through a small C kernel (``model/attend_kernel.py``) where a C
+  compiler can build it: one pass over a window's cache for all its rows, its own order of sums.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from whisperkv.model.attend_kernel import AttendKernel, load_kernel
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper
 
@@ -135,10 +138,20 @@ def _replace_linears(module: nn.Module) -> None:
                 setattr(parent, name, Int8Linear.from_linear(child))
 
 
-def quantize_int8(model: Whisper, encoder_bfloat16: bool | None = None) -> Whisper:
+def use_attention_kernel(decoder: nn.Module, kernel: AttendKernel | None) -> None:
+    """Every decoder block's self- and cross-attention steps through ``kernel`` (None: SDPA again)."""
+    for block in decoder.blocks:
+        block.attn.kernel = block.cross_attn.kernel = kernel
+    decoder.attention_kernel = kernel
+
+
+def quantize_int8(
+    model: Whisper, encoder_bfloat16: bool | None = None, attention_kernel: bool = True
+) -> Whisper:
     """Turn a float32 CPU model into the int8 compute type, in place, and mark its provenance.
 
     ``encoder_bfloat16``: None picks bfloat16 for the encoder when the CPU has native support.
+    ``attention_kernel``: decoder steps attend through ``model/attend_kernel.py`` where it builds.
     """
     if model.compute_type == "int8":
         raise ValueError("this model is already of the int8 compute type")
@@ -160,6 +173,8 @@ def quantize_int8(model: Whisper, encoder_bfloat16: bool | None = None) -> Whisp
     _replace_linears(model.decoder.blocks)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
+    if attention_kernel:
+        use_attention_kernel(model.decoder, load_kernel())
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder})"
     model.compute_type = "int8"

@@ -1,0 +1,126 @@
+"""The int8 type's step attention kernel (model/attend_kernel.py): SDPA's numbers to float rounding,
+row-exact whatever else is in the call, refused outside its shapes, built once and cached."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from whisperkv.model import attend_kernel
+from whisperkv.model.attend_kernel import AttendKernel, load_kernel
+from whisperkv.model.attention import attend
+from whisperkv.model.quantize import use_attention_kernel
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
+)
+
+N_HEAD, WIDTH = 6, 384
+
+
+@pytest.fixture(scope="module")
+def kernel() -> AttendKernel:
+    built = load_kernel()
+    assert built is not None, "a C compiler is here, so the kernel must build"
+    return built
+
+
+def _cache(rows: int, positions: int, capacity: int | None = None, seed: int = 0) -> tuple:
+    """Keys and values [rows, H, positions, 64]; with ``capacity`` a view into a larger buffer, as a
+    Self-KV's read is."""
+    g = torch.Generator().manual_seed(seed)
+    size = capacity or positions
+    key = torch.randn(rows, N_HEAD, size, WIDTH // N_HEAD, generator=g)
+    value = torch.randn(rows, N_HEAD, size, WIDTH // N_HEAD, generator=g)
+    return key[:, :, :positions], value[:, :, :positions]
+
+
+@pytest.mark.parametrize(
+    ("windows", "beams", "positions", "causal"),
+    [(1, 1, 1500, False), (1, 5, 1500, False), (3, 5, 1500, False), (1, 1, 1, True), (5, 1, 37, True)],
+)
+def test_kernel_gives_sdpas_numbers(kernel, windows, beams, positions, causal):
+    key, value = _cache(windows, positions, capacity=448 if causal else None)
+    q = torch.randn(windows * beams, 1, WIDTH, generator=torch.Generator().manual_seed(1)) * 3
+    offset = positions - 1 if causal else None
+    assert kernel.accepts(q, key, value, offset)
+    got, want = kernel(q, key, value), attend(q, key, value, offset)
+    assert got.shape == want.shape == (windows * beams, 1, WIDTH)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_windows_rows_do_not_depend_on_the_call(kernel):
+    """A window's rows get the same bits alone, beside other windows, and with one thread or two."""
+    key, value = _cache(3, 1500)
+    q = torch.randn(15, 1, WIDTH, generator=torch.Generator().manual_seed(2))
+    together = kernel(q, key, value)
+    alone = kernel(q[5:10].contiguous(), key[1:2], value[1:2])
+    assert torch.equal(together[5:10], alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernel(q, key, value), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_takes_a_strided_query(kernel):
+    """Queries come out of the fused query|key|value projection as a strided view."""
+    key, value = _cache(2, 300)
+    fused = torch.randn(2, 1, 3 * WIDTH)
+    q = fused[..., :WIDTH]
+    assert not q.is_contiguous()
+    assert torch.equal(kernel(q, key, value), kernel(q.contiguous(), key, value))
+
+
+def test_kernel_refuses_what_it_does_not_compute(kernel):
+    key, value = _cache(1, 100)
+    q = torch.randn(1, 1, WIDTH)
+    assert not kernel.accepts(torch.randn(1, 2, WIDTH), key, value, None)  # a prompt: two positions
+    assert not kernel.accepts(q.double(), key.double(), value.double(), None)
+    assert not kernel.accepts(q.bfloat16(), key.bfloat16(), value.bfloat16(), None)
+    assert not kernel.accepts(torch.randn(1, 1, 256), *_cache(1, 100)[:1], value[..., :32], None)
+    assert not kernel.accepts(torch.randn(17, 1, WIDTH), key, value, None)  # 17 rows over one window
+    assert not kernel.accepts(torch.randn(5, 1, WIDTH), key, value, 99)  # a mask across rows
+    assert not kernel.accepts(torch.randn(3, 1, WIDTH), *_cache(2, 100), None)  # 3 rows over 2 windows
+
+
+def test_build_is_kept_and_reused(tmp_path):
+    first = load_kernel.__wrapped__(tmp_path)
+    assert first is not None and first.path.parent == tmp_path
+    built = first.path.stat().st_mtime_ns
+    again = load_kernel.__wrapped__(tmp_path)
+    assert again is not None and again.path == first.path and again.path.stat().st_mtime_ns == built
+    assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no leftover temporary build
+
+
+def test_without_a_compiler_there_is_no_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(attend_kernel.shutil, "which", lambda name: None)
+    assert load_kernel.__wrapped__(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_int8_type_uses_it(tiny_model, int8_model, kernel):
+    """float32 steps stay SDPA's (the reference's exact twins); the int8 type's go through the kernel."""
+    assert tiny_model.decoder.attention_kernel is None
+    assert all(b.attn.kernel is None and b.cross_attn.kernel is None for b in tiny_model.decoder.blocks)
+    assert int8_model.decoder.attention_kernel is kernel
+    assert all(b.cross_attn.kernel is kernel for b in int8_model.decoder.blocks)
+    assert int8_model.encoder.blocks[0].attn.kernel is None  # 1,500 queries: SDPA's own case
+
+
+def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
+    """The kernel changes sums' order, not what is heard: int8 text with SDPA and with the kernel."""
+    texts = {}
+    clips = ["en/jfk.flac", "en/lj_LJ001-0002.flac", "en/lj_LJ001-0005.flac"]
+    try:
+        for mode in ("sdpa", "kernel"):
+            use_attention_kernel(int8_model.decoder, load_kernel() if mode == "kernel" else None)
+            texts[mode] = [
+                int8_model.transcribe(str(speech_dir / c), language="en", verbose=None)["text"] for c in clips
+            ]
+    finally:
+        use_attention_kernel(int8_model.decoder, load_kernel())
+    assert texts["kernel"] == texts["sdpa"]

@@ -1,0 +1,128 @@
+"""The int8 compute type's attention for decoder steps: a small C kernel (``kernels/attend.c``).
+
+Why: a decoder step attends 1-16 new rows per window (one per beam) over up to 1,500 cached positions.
+``scaled_dot_product_attention`` runs that through a blocked flash kernel made for long queries; the
+kernel here makes one pass over each head's keys and one over its values for all the window's rows.
+Measured on this project's 2-core VM (tiny.en shapes, 6 heads, caches not in the CPU cache): one
+query over a window's Cross-KV 180 µs against 283, five queries (beam 5) 205 against 486, five windows
+of five beams (batched mode) 856 against 2,187.
+
+Why only the int8 type: its sums run in another order than SDPA's, so its outputs differ in the last
+bits (~2e-7). The float32 paths stay the reference's exact twins; the int8 type is an approximation
+whose agreement is measured anyway (tests, ``benchmarks/bench.py``).
+
+Why built here, on first use: ``-march=native`` for the CPU it runs on, and a C compiler is all it
+needs (no Python headers). The library is kept in a cache directory under a name that hashes the
+source, the flags and the CPU, so one build serves every later process. A machine without a compiler
+keeps SDPA: ``TextDecoder.attention_kernel`` says which one a model uses. It links the OpenMP runtime
+PyTorch has already loaded (``libgomp.so.1``): one thread pool, ``torch.set_num_threads`` applies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels") / "attend.c"
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+HEAD = 64  # every Whisper model's head width
+MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
+
+
+class AttendKernel:
+    """``attend`` for one new position per row, float32, head width 64: the C kernel, or not at all."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self._fn = library.wkv_attend
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 10
+        self._fn.argtypes += [ctypes.c_float]
+
+    def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
+        """Whether ``q`` [B, 1, d] over ``k``/``v`` [Bk, H, T, 64] is a step this kernel computes.
+
+        One query position per row needs no mask: a new position sees every key held, its own included.
+        Beams share their window's keys (B a multiple of Bk) only where there is no mask (cross-attention).
+        """
+        if q.dim() != 3 or q.shape[1] != 1 or k.dim() != 4 or k.shape[-1] != HEAD or k.shape[2] < 1:
+            return False
+        if not (q.dtype == k.dtype == v.dtype == torch.float32):
+            return False
+        if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+            return False
+        b, bk = q.shape[0], k.shape[0]
+        if b % bk or not 1 <= b // bk <= MAX_ROWS or (causal_offset is not None and b != bk):
+            return False
+        return q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and v.shape == k.shape
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Softmax(q kᵀ / 8) v per head: [B, 1, d] like ``attention.attend`` (call ``accepts`` first)."""
+        bk, n_head, positions, _ = k.shape
+        out = torch.empty(q.shape[0], 1, q.shape[2], dtype=torch.float32)
+        failed = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            v.data_ptr(),
+            out.data_ptr(),
+            bk,
+            q.shape[0] // bk,
+            n_head,
+            positions,
+            *k.stride()[:3],
+            *v.stride()[:3],
+            HEAD**-0.5,
+        )
+        if failed:
+            raise MemoryError("the attention kernel could not allocate its scores")
+        return out
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$WHISPERKV_CACHE``, else ``$XDG_CACHE_HOME/whisperkv``."""
+    if os.environ.get("WHISPERKV_CACHE"):
+        return Path(os.environ["WHISPERKV_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "whisperkv"
+
+
+def _cpu_id() -> str:
+    from whisperkv.model.quantize import _cpu_flags  # the flags -march=native builds for
+
+    return " ".join(sorted(_cpu_flags()))
+
+
+@functools.cache
+def load_kernel(directory: Path | None = None) -> AttendKernel | None:
+    """The built kernel for this CPU (built now if it is not in ``directory`` yet), or None when no C
+    compiler is found or the build fails: the caller then keeps SDPA."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None or not SOURCE.is_file():
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
+    directory = directory or cache_dir()
+    path = directory / f"attend-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.is_file():
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=directory) as tmp:
+                built = Path(tmp) / path.name
+                subprocess.run(
+                    [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
+                os.replace(built, path)  # atomic: a concurrent build never leaves half a library
+        return AttendKernel(ctypes.CDLL(str(path)), path)
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,73 @@
+/* Few-query attention over cached keys and values: one decoder step of the int8 compute type.
+ *
+ * A decoder step asks, per window and head, for 1-16 query rows (one per beam) against up to 1,500
+ * cached key/value rows. PyTorch's scaled_dot_product_attention runs this through its blocked flash
+ * kernel, which is built for long queries; here each (window, head) is one pass over its keys and one
+ * over its values, every query row at once, so the cache is read once per step.
+ *
+ * Each (window, head) is computed by one thread in a fixed order: a row's numbers depend neither on
+ * the other windows in the call nor on the thread count. Built by model/attend_kernel.py. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEAD 64
+#define MAXQ 16
+
+/* q: rows (b * Q + j) at q + row * q_row, head h at column h * HEAD (B windows of Q rows, H heads).
+ * k, v: [B, H, T, HEAD] with strides in floats (b, h, t) and unit stride within a row.
+ * out: contiguous [B * Q, H * HEAD]. Returns 0, or 1 when Q is out of range or memory ran out. */
+int wkv_attend(const float *q, long q_row, const float *k, const float *v, float *out, long B, long Q,
+               long H, long T, long kb, long kh, long kt, long vb, long vh, long vt, float scale)
+{
+    if (Q < 1 || Q > MAXQ || T < 1) return 1;
+    int failed = 0;
+#pragma omp parallel for schedule(static)
+    for (long bh = 0; bh < B * H; bh++) {
+        const long b = bh / H, h = bh % H;
+        const float *keys = k + b * kb + h * kh;
+        const float *values = v + b * vb + h * vh;
+        float queries[MAXQ][HEAD] __attribute__((aligned(64)));
+        float acc[MAXQ][HEAD] __attribute__((aligned(64)));
+        float *scores = malloc(sizeof(float) * Q * T);
+        if (scores == NULL) {
+            failed = 1;
+            continue;
+        }
+        for (long j = 0; j < Q; j++) {
+            const float *row = q + (b * Q + j) * q_row + h * HEAD;
+            for (int d = 0; d < HEAD; d++) queries[j][d] = row[d] * scale;
+        }
+        for (long t = 0; t < T; t++) {
+            const float *key = keys + t * kt;
+            for (long j = 0; j < Q; j++) {
+                float dot = 0.f;
+                for (int d = 0; d < HEAD; d++) dot += queries[j][d] * key[d];
+                scores[j * T + t] = dot;
+            }
+        }
+        for (long j = 0; j < Q; j++) {
+            float *s = scores + j * T;
+            float top = s[0];
+            for (long t = 1; t < T; t++) top = s[t] > top ? s[t] : top;
+            float total = 0.f;
+            for (long t = 0; t < T; t++) {
+                s[t] = expf(s[t] - top);
+                total += s[t];
+            }
+            const float inverse = 1.f / total;
+            for (long t = 0; t < T; t++) s[t] *= inverse;
+            for (int d = 0; d < HEAD; d++) acc[j][d] = 0.f;
+        }
+        for (long t = 0; t < T; t++) {
+            const float *value = values + t * vt;
+            for (long j = 0; j < Q; j++) {
+                const float p = scores[j * T + t];
+                for (int d = 0; d < HEAD; d++) acc[j][d] += p * value[d];
+            }
+        }
+        for (long j = 0; j < Q; j++) memcpy(out + ((b * Q + j) * H + h) * HEAD, acc[j], sizeof(float) * HEAD);
+        free(scores);
+    }
+    return failed;
+}
