@@ -85,6 +85,7 @@ def test_kernel_refuses_what_it_does_not_compute(kernel):
     assert not kernel.accepts(torch.randn(17, 1, WIDTH), key, value, None)  # 17 rows over one window
     assert not kernel.accepts(torch.randn(5, 1, WIDTH), key, value, 99)  # a mask across rows
     assert not kernel.accepts(torch.randn(3, 1, WIDTH), *_cache(2, 100), None)  # 3 rows over 2 windows
+    assert not kernel.accepts(q, *_cache(1, 1501), None)  # more positions than Whisper has
 
 
 def test_build_is_kept_and_reused(tmp_path):

@@ -35,6 +35,7 @@ SOURCE = Path(__file__).with_name("kernels") / "attend.c"
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
+MAX_POSITIONS = 1500  # cached positions it attends over (MAXT): the audio context, the text one is 448
 
 
 class AttendKernel:
@@ -53,7 +54,9 @@ class AttendKernel:
         One query position per row needs no mask: a new position sees every key held, its own included.
         Beams share their window's keys (B a multiple of Bk) only where there is no mask (cross-attention).
         """
-        if q.dim() != 3 or q.shape[1] != 1 or k.dim() != 4 or k.shape[-1] != HEAD or k.shape[2] < 1:
+        if q.dim() != 3 or q.shape[1] != 1 or k.dim() != 4 or k.shape[-1] != HEAD:
+            return False
+        if not 1 <= k.shape[2] <= MAX_POSITIONS:
             return False
         if not (q.dtype == k.dtype == v.dtype == torch.float32):
             return False
@@ -82,8 +85,8 @@ class AttendKernel:
             *v.stride()[:3],
             HEAD**-0.5,
         )
-        if failed:
-            raise MemoryError("the attention kernel could not allocate its scores")
+        if failed:  # ``accepts`` keeps this from happening
+            raise ValueError(f"the attention kernel does not take {tuple(q.shape)} over {tuple(k.shape)}")
         return out
 
 
