@@ -17,8 +17,11 @@ NEG_INF = float("-inf")
 
 
 class LogitFilter:
-    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
-        """``logits`` [rows, vocab] for the next token given ``tokens`` [rows, length]."""
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+        """``logits`` [rows, vocab] for the next token given ``tokens`` [rows, length].
+
+        Returns the log-softmax of the logits as the filter left them when it computed one (the
+        search needs the same one: ``WindowDecode`` passes it on instead of computing it twice)."""
         raise NotImplementedError
 
     def suppress(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -61,18 +64,23 @@ class TimestampRules(LogitFilter):
         self.sample_begin = sample_begin
         self.max_initial_index = max_initial_timestamp_index
 
-    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
         self.suppress(logits, tokens)
-        force = self.forced(logits)
+        force, logprobs = self._forced(logits)
         if force.any():
             logits[force, : self.ts] = NEG_INF
+            return None  # the logits changed after their log-softmax
+        return logprobs
 
     def forced(self, logits: torch.Tensor) -> torch.Tensor:
         """Rows [rows] (bool) whose timestamps' total probability beats every text token's."""
+        return self._forced(logits)[0]
+
+    def _forced(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         timestamp_mass = logprobs[:, self.ts :].logsumexp(dim=-1)
         best_text = logprobs[:, : self.ts].amax(dim=-1)  # amax: same values, ~5x faster than max(dim)
-        return timestamp_mass > best_text
+        return timestamp_mass > best_text, logprobs
 
     def suppress(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """The rules that follow from the tokens alone (``apply`` adds the forced timestamp)."""

@@ -31,8 +31,13 @@ class GreedySearch:
         self.generator = generator
 
     def update(
-        self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        logits: torch.Tensor,
+        sum_logprobs: torch.Tensor,
+        logprobs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+        """``logprobs``: the log-softmax of ``logits`` when the caller has it already (the same bits)."""
         if self.temperature == 0:
             next_tokens = argmax_rows(logits)
         else:
@@ -41,7 +46,8 @@ class GreedySearch:
             scaled = logits / self.temperature
             probs = torch.softmax(scaled - scaled.logsumexp(dim=-1, keepdim=True), dim=-1)
             next_tokens = torch.multinomial(probs, 1, True, generator=self.generator).squeeze(-1)
-        logprobs = F.log_softmax(logits.float(), dim=-1)
+        if logprobs is None:
+            logprobs = F.log_softmax(logits.float(), dim=-1)
         chosen = logprobs[torch.arange(logprobs.shape[0]), next_tokens]
         finished = tokens[:, -1] == self.eot
         sum_logprobs += chosen * ~finished
@@ -72,12 +78,17 @@ class BeamSearch:
         self.finished: list[dict[tuple[int, ...], float]] | None = None
 
     def update(
-        self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        logits: torch.Tensor,
+        sum_logprobs: torch.Tensor,
+        logprobs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, bool, torch.Tensor]:
         n_audio = tokens.shape[0] // self.beam_size
         if self.finished is None:
             self.finished = [{} for _ in range(n_audio)]
-        logprobs = F.log_softmax(logits.float(), dim=-1)
+        if logprobs is None:
+            logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_ids = logprobs.topk(self.beam_size + 1, dim=-1)
         # every candidate's score as a float32 sum, rounded exactly as accumulating on the tensor would
         candidate_scores = (sum_logprobs.cpu().float()[:, None] + top_logprobs.cpu()).numpy()

@@ -174,9 +174,12 @@ class WindowDecode:
 
     def _advance(self, logits: torch.Tensor) -> None:
         logits = logits.clone()
-        for f in self.filters:
-            f.apply(logits, self.tokens)
-        self.tokens, completed, sources = self.searcher.update(self.tokens, logits, self.sum_logprobs)
+        logprobs = None
+        for f in self.filters:  # the last filter's log-softmax, if it made one, is the search's too
+            logprobs = f.apply(logits, self.tokens)
+        self.tokens, completed, sources = self.searcher.update(
+            self.tokens, logits, self.sum_logprobs, logprobs
+        )
         if sources is not None:
             self.cache.reorder(sources.to(self.model.device))  # beams follow their parents' Self-KV
         self._stepped(completed)
