@@ -3,12 +3,12 @@
 Why: a decoder step attends 1-16 new rows per window (one per beam) over up to 1,500 cached positions.
 ``scaled_dot_product_attention`` runs that through a blocked flash kernel made for long queries; the
 kernel here makes one pass over each head's keys and one over its values for all the window's rows.
-Measured on this project's 2-core VM (tiny.en shapes, 6 heads, caches not in the CPU cache): one
-query over a window's Cross-KV 180 µs against 283, five queries (beam 5) 205 against 486, five windows
-of five beams (batched mode) 856 against 2,187.
+``benchmarks/attend_kernel.py`` on this project's 2-core VM (tiny.en shapes, caches not in the CPU
+cache): one query over a window's Cross-KV 180 µs against 244, five queries (beam 5) 254 against 478,
+five windows of five beams (batched mode) 1,121 against 2,353.
 
 Why only the int8 type: its sums run in another order than SDPA's, so its outputs differ in the last
-bits (~2e-7). The float32 paths stay the reference's exact twins; the int8 type is an approximation
+bits (2-5e-7). The float32 paths stay the reference's exact twins; the int8 type is an approximation
 whose agreement is measured anyway (tests, ``benchmarks/bench.py``).
 
 Why built here, on first use: ``-march=native`` for the CPU it runs on, and a C compiler is all it

@@ -120,9 +120,7 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """``attend`` (no output projection), through this layer's kernel where it has one and the
         kernel takes the shapes (one new position per row: a decoder step)."""
-        if self.kernel is not None and self.kernel.accepts(q, key, value, causal_offset):
-            return self.kernel(q, key, value)
-        return attend(q, key, value, causal_offset)
+        return attend_through(self.kernel, q, key, value, causal_offset)
 
     def weights(self, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Softmax attention weights [B, H, Tq, Tk] (no mask): what word alignment reads."""
@@ -142,6 +140,19 @@ def heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, d] → [B, H, T, d/H], contiguous."""
     return heads(x, n_head).contiguous()
+
+
+def attend_through(
+    kernel: AttendKernel | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal_offset: int | None = None,
+) -> torch.Tensor:
+    """``attend``, through ``kernel`` where there is one and it takes the shapes (a decoder step)."""
+    if kernel is not None and kernel.accepts(q, k, v, causal_offset):
+        return kernel(q, k, v)
+    return attend(q, k, v, causal_offset)
 
 
 def attend(

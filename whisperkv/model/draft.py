@@ -26,7 +26,7 @@ from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel
-from whisperkv.model.attention import attend, heads
+from whisperkv.model.attention import attend_through, heads
 from whisperkv.model.quantize import Int8Linear
 
 if TYPE_CHECKING:
@@ -61,21 +61,14 @@ class _DraftBlock:
             kernel,
         )
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None = None
-    ) -> torch.Tensor:
-        if self.kernel is not None and self.kernel.accepts(q, k, v, causal_offset):
-            return self.kernel(q, k, v)
-        return attend(q, k, v, causal_offset)
-
     def __call__(self, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV) -> torch.Tensor:
         block, n_head = self.source, self.source.attn.n_head
         offset = self_kv.length
         q, k, v = self.qkv(block.attn_ln(x)).chunk(3, dim=-1)
         self_kv.append(heads(k, n_head), heads(v, n_head))
-        x = x + self.out(self._attend(q, self_kv.key, self_kv.value, causal_offset=offset))
+        x = x + self.out(attend_through(self.kernel, q, self_kv.key, self_kv.value, offset))
         q = self.cross_query(block.cross_attn_ln(x))
-        x = x + self.cross_out(self._attend(q, cross_kv.key, cross_kv.value))
+        x = x + self.cross_out(attend_through(self.kernel, q, cross_kv.key, cross_kv.value))
         return x + self.down(block.mlp[1](self.up(block.mlp_ln(x))))
 
 
