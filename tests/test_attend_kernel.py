@@ -3,7 +3,9 @@ row-exact whatever else is in the call, refused outside its shapes, built once a
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 
 import pytest
 import torch
@@ -101,6 +103,22 @@ def test_without_a_compiler_there_is_no_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(attend_kernel.shutil, "which", lambda name: None)
     assert load_kernel.__wrapped__(tmp_path) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_build_warns_and_leaves_sdpa(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    with pytest.warns(UserWarning, match="attention kernel was not built"):
+        assert load_kernel.__wrapped__(tmp_path) is None
+
+
+def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("WHISPERKV_CACHE", str(blocked / "cache"))  # under a file: cannot be made
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    built = load_kernel.__wrapped__()
+    assert built is not None and built.path.parent == tmp_path / "tmp" / f"whisperkv-{os.getuid()}"
 
 
 def test_only_the_int8_type_uses_it(tiny_model, int8_model, kernel):

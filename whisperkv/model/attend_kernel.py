@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -106,26 +107,46 @@ def _cpu_id() -> str:
 @functools.cache
 def load_kernel(directory: Path | None = None) -> AttendKernel | None:
     """The built kernel for this CPU (built now if it is not in ``directory`` yet), or None when no C
-    compiler is found or the build fails: the caller then keeps SDPA."""
+    compiler is found or the build fails (with a warning): the caller then keeps SDPA.
+
+    Without ``directory``: the cache directory, or the system's temporary one where that cannot be
+    written (a read-only home)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None or not SOURCE.is_file():
         return None
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
-    directory = directory or cache_dir()
-    path = directory / f"attend-{key.hexdigest()[:16]}.so"
-    try:
-        if not path.is_file():
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=directory) as tmp:
-                built = Path(tmp) / path.name
-                subprocess.run(
-                    [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.replace(built, path)  # atomic: a concurrent build never leaves half a library
-        return AttendKernel(ctypes.CDLL(str(path)), path)
-    except (OSError, subprocess.SubprocessError):
-        return None
+    name = f"attend-{key.hexdigest()[:16]}.so"
+    places = (
+        [directory] if directory else [cache_dir(), Path(tempfile.gettempdir()) / f"whisperkv-{os.getuid()}"]
+    )
+    failure = ""
+    for place in places:
+        try:
+            return AttendKernel(ctypes.CDLL(str(_build(compiler, place / name))), place / name)
+        except subprocess.CalledProcessError as err:  # the compiler refused: another place will not help
+            lines = err.stderr.decode(errors="replace").strip().splitlines()
+            failure = lines[-1] if lines else str(err)
+            break
+        except (OSError, subprocess.SubprocessError) as err:
+            failure = str(err)
+    warnings.warn(
+        f"the int8 attention kernel was not built ({failure}); using PyTorch's attention", stacklevel=2
+    )
+    return None
+
+
+def _build(compiler: str, path: Path) -> Path:
+    """``path``, compiled now unless it is there already; atomic, so a concurrent build is harmless."""
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            built = Path(tmp) / path.name
+            subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            os.replace(built, path)
+    return path
