@@ -68,12 +68,12 @@ class WhisperKV(Engine):
         sdpa: bool = False,
     ) -> None:
         import whisperkv
-        from whisperkv.model.quantize import use_attention_kernel
+        from whisperkv.model.quantize import use_attention_kernels
         from whisperkv.model.vocab import current_layout
 
         self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
-        if sdpa:  # the int8 type's steps as before the attention kernel: PyTorch's SDPA
-            use_attention_kernel(self.model.decoder, None)
+        if sdpa:  # the int8 type's attention as before round 6: PyTorch's SDPA everywhere
+            use_attention_kernels(self.model, on=False)
         layout = current_layout(self.model.decoder)
         if self.model.decoder.attention_kernel is not None:
             layout += ", attn kernel"

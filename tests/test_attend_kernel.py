@@ -12,8 +12,8 @@ import torch
 
 from whisperkv.model import attend_kernel
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel
-from whisperkv.model.attention import attend
-from whisperkv.model.quantize import use_attention_kernel
+from whisperkv.model.attention import HeadByHeadAttention, attend
+from whisperkv.model.quantize import use_attention_kernels
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -127,7 +127,30 @@ def test_only_the_int8_type_uses_it(tiny_model, int8_model, kernel):
     assert all(b.attn.kernel is None and b.cross_attn.kernel is None for b in tiny_model.decoder.blocks)
     assert int8_model.decoder.attention_kernel is kernel
     assert all(b.cross_attn.kernel is kernel for b in int8_model.decoder.blocks)
-    assert int8_model.encoder.blocks[0].attn.kernel is None  # 1,500 queries: SDPA's own case
+    encoder_attention = int8_model.encoder.blocks[0].attn.kernel
+    if int8_model.encoder_dtype == torch.bfloat16:  # 1,500 queries: head by head, not the step kernel
+        assert isinstance(encoder_attention, HeadByHeadAttention)
+    else:
+        assert encoder_attention is None
+    assert tiny_model.encoder.blocks[0].attn.kernel is None
+
+
+def test_head_by_head_attention_is_sdpas_to_bfloat16_rounding():
+    """The bfloat16 encoder's attention: SDPA's numbers (in float32, from the same bfloat16 inputs) to
+    bfloat16's rounding of the scores and weights, each window's bits its own whatever the batch."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1500, WIDTH, generator=g).bfloat16()
+    k, v = (torch.randn(2, N_HEAD, 1500, WIDTH // N_HEAD, generator=g).bfloat16() for _ in range(2))
+    attention = HeadByHeadAttention()
+    assert attention.accepts(q, k, v, None)
+    assert not attention.accepts(q.float(), k.float(), v.float(), None)  # float32: SDPA, exact twin
+    assert not attention.accepts(q[:, :1], k, v, 0)  # a decoder step
+    got = attention(q, k, v)
+    want = attend(q.float(), k.float(), v.float())
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert (got.float() - want).abs().mean() < 2e-3
+    assert (got.float() - want).abs().max() < 5e-2
+    assert torch.equal(attention(q[1:], k[1:], v[1:]), got[1:])
 
 
 def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
@@ -136,10 +159,10 @@ def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
     clips = ["en/jfk.flac", "en/lj_LJ001-0002.flac", "en/lj_LJ001-0005.flac"]
     try:
         for mode in ("sdpa", "kernel"):
-            use_attention_kernel(int8_model.decoder, load_kernel() if mode == "kernel" else None)
+            use_attention_kernels(int8_model, on=mode == "kernel")
             texts[mode] = [
                 int8_model.transcribe(str(speech_dir / c), language="en", verbose=None)["text"] for c in clips
             ]
     finally:
-        use_attention_kernel(int8_model.decoder, load_kernel())
+        use_attention_kernels(int8_model)
     assert texts["kernel"] == texts["sdpa"]

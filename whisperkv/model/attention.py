@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,16 @@ from torch import nn
 
 from whisperkv.model.row_gemm import FusedRowGemm, linear_rows
 
-if TYPE_CHECKING:
-    from whisperkv.model.attend_kernel import AttendKernel
+
+class AttentionKernel(Protocol):
+    """Another way to compute ``attend`` for the shapes it ``accepts`` (``attend_through``): the int8
+    type's decoder-step kernel (``model/attend_kernel.py``), its encoder's ``HeadByHeadAttention``."""
+
+    def accepts(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None
+    ) -> bool: ...
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class MultiHeadAttention(nn.Module):
@@ -32,8 +40,8 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(n_state, n_state)
         #: query|key|value as one projection (set by ``fuse_qkv``): one weight read instead of three
         self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
-        #: the int8 type's kernel for decoder steps (``model/attend_kernel.py``), or None: SDPA only
-        self.kernel: AttendKernel | None = None
+        #: the int8 type's attention for this layer's shapes (``AttentionKernel``), or None: SDPA only
+        self.kernel: AttentionKernel | None = None
 
     def fuse_qkv(
         self,
@@ -142,8 +150,40 @@ def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     return heads(x, n_head).contiguous()
 
 
+class HeadByHeadAttention:
+    """The bfloat16 encoder's self-attention (the int8 type's, on a CPU with native bfloat16), one
+    window and head at a time: two bfloat16 matrix products and a softmax over 1,500 x 1,500 scores.
+
+    Why: SDPA took as long over bfloat16 as over float32 here (23 ms a layer, tiny.en); this takes the
+    int8 type's encoder from 170 to 136 ms a window (scratch). The scores are rounded to bfloat16 before
+    the softmax (SDPA keeps them in float32): the encoder output's mean distance to float32's grew by
+    2 % (0.0110 against 0.0107 on a clip), its WER is measured (``benchmarks/bench.py``). One head's
+    scores are 4.5 MB, so the whole 27 MB score matrix of a window is never held at once; a window's
+    numbers do not depend on the others in its batch."""
+
+    def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
+        return (
+            causal_offset is None
+            and q.dtype == k.dtype == v.dtype == torch.bfloat16
+            and q.dim() == 3
+            and q.shape[0] == k.shape[0]
+            and q.shape[1] == k.shape[2] > 1
+        )
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t, d = q.shape
+        n_head, width = k.shape[1], k.shape[3]
+        queries = heads(q, n_head) * width**-0.5  # 1/8 for every Whisper model: exact in bfloat16
+        out = q.new_empty(b, t, n_head, width)
+        for i in range(b):
+            for h in range(n_head):
+                scores = torch.matmul(queries[i, h], k[i, h].transpose(0, 1))
+                out[i, :, h] = torch.matmul(torch.softmax(scores, dim=-1), v[i, h])
+        return out.reshape(b, t, d)
+
+
 def attend_through(
-    kernel: AttendKernel | None,
+    kernel: AttentionKernel | None,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -14,7 +14,8 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
 * the Self-KV and Cross-KV stay float32: a step's attention over bfloat16 keys was slower here.
 * a decoder step's attention runs through a small C kernel (``model/attend_kernel.py``) where a C
-  compiler can build it: one pass over a window's cache for all its rows, its own order of sums.
+  compiler can build it: one pass over a window's cache for all its rows, its own order of sums; a
+  bfloat16 encoder's attention runs head by head as bfloat16 products (``HeadByHeadAttention``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from whisperkv.model.attend_kernel import AttendKernel, load_kernel
-from whisperkv.model.attention import MultiHeadAttention
+from whisperkv.model.attend_kernel import load_kernel
+from whisperkv.model.attention import HeadByHeadAttention, MultiHeadAttention
 from whisperkv.model.whisper import Whisper
 
 
@@ -138,11 +139,17 @@ def _replace_linears(module: nn.Module) -> None:
                 setattr(parent, name, Int8Linear.from_linear(child))
 
 
-def use_attention_kernel(decoder: nn.Module, kernel: AttendKernel | None) -> None:
-    """Every decoder block's self- and cross-attention steps through ``kernel`` (None: SDPA again)."""
-    for block in decoder.blocks:
+def use_attention_kernels(model: Whisper, on: bool = True) -> None:
+    """The int8 type's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``, as before
+    round 6): decoder steps through the C kernel where it builds (``model/attend_kernel.py``), a
+    bfloat16 encoder head by head (``attention.HeadByHeadAttention``)."""
+    kernel = load_kernel() if on else None
+    for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
-    decoder.attention_kernel = kernel
+    model.decoder.attention_kernel = kernel
+    bfloat16 = on and model.encoder_dtype == torch.bfloat16
+    for block in model.encoder.blocks:
+        block.attn.kernel = HeadByHeadAttention() if bfloat16 else None
 
 
 def quantize_int8(
@@ -151,7 +158,7 @@ def quantize_int8(
     """Turn a float32 CPU model into the int8 compute type, in place, and mark its provenance.
 
     ``encoder_bfloat16``: None picks bfloat16 for the encoder when the CPU has native support.
-    ``attention_kernel``: decoder steps attend through ``model/attend_kernel.py`` where it builds.
+    ``attention_kernel``: the type's own attention (``use_attention_kernels``), else SDPA.
     """
     if model.compute_type == "int8":
         raise ValueError("this model is already of the int8 compute type")
@@ -173,8 +180,7 @@ def quantize_int8(
     _replace_linears(model.decoder.blocks)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
-    if attention_kernel:
-        use_attention_kernel(model.decoder, load_kernel())
+    use_attention_kernels(model, attention_kernel)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder})"
     model.compute_type = "int8"
