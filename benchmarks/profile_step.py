@@ -56,6 +56,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--position", type=int, default=40, help="tokens already in the Self-KV")
+    p.add_argument(
+        "--sdpa", action="store_true", help="int8: PyTorch's SDPA everywhere, not the type's own attention"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -65,6 +68,10 @@ def main() -> int:
 
     print(describe(args.threads))
     model = whisperkv.load_model(args.model, compute_type=args.compute_type, vocab_screen=True)
+    if args.sdpa:
+        from whisperkv.model.quantize import use_attention_kernels
+
+        use_attention_kernels(model, on=False)
     decoder = model.decoder
     chosen = current_layout(decoder)
     screen_bytes = decoder.vocab_screen.qtable.nbytes if decoder.vocab_screen is not None else None
@@ -142,7 +149,9 @@ def main() -> int:
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
+    attention = "SDPA" if args.sdpa or model.compute_type != "int8" else "the int8 type's own"
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
+    print(f"attention: {attention}")
     print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))
     print(f"\n{'part of one greedy step':<48}{'median ms':>10}")
     layers = sum(v for k, v in parts.items() if k.startswith("layer "))
