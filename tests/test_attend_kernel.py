@@ -153,6 +153,22 @@ def test_head_by_head_attention_is_sdpas_to_bfloat16_rounding():
     assert torch.equal(attention(q[1:], k[1:], v[1:]), got[1:])
 
 
+def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_model):
+    """An encoder output or a cache made with the type's own attention is never taken for one made with
+    SDPA: the weights digest every provenance carries says which was used."""
+    own = int8_model.weights_digest
+    assert own.endswith("+attention(decoder kernel, encoder head-by-head)") or "encoder sdpa" in own
+    try:
+        use_attention_kernels(int8_model, on=False)
+        assert int8_model.weights_digest != own
+        assert int8_model.weights_digest.endswith("+attention(decoder sdpa, encoder sdpa)")
+        assert int8_model.weights_digest.count("+attention(") == 1
+    finally:
+        use_attention_kernels(int8_model)
+    assert int8_model.weights_digest == own
+    assert "+attention(" not in tiny_model.weights_digest
+
+
 def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
     """The kernel changes sums' order, not what is heard: int8 text with SDPA and with the kernel."""
     texts = {}

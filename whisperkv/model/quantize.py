@@ -139,17 +139,27 @@ def _replace_linears(module: nn.Module) -> None:
                 setattr(parent, name, Int8Linear.from_linear(child))
 
 
+ATTENTION_MARK = "+attention("  # the int8 type's attention, in the weights digest
+
+
 def use_attention_kernels(model: Whisper, on: bool = True) -> None:
     """The int8 type's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``, as before
     round 6): decoder steps through the C kernel where it builds (``model/attend_kernel.py``), a
-    bfloat16 encoder head by head (``attention.HeadByHeadAttention``)."""
+    bfloat16 encoder head by head (``attention.HeadByHeadAttention``).
+
+    Both change the model's numbers (the encoder's output, the decoder's Self-KV), so the choice is
+    part of the weights digest every cache's provenance carries: an encoder output or a cache made one
+    way is never taken for one made the other way (across the trust boundary, too)."""
     kernel = load_kernel() if on else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
     model.decoder.attention_kernel = kernel
-    bfloat16 = on and model.encoder_dtype == torch.bfloat16
+    head_by_head = on and model.encoder_dtype == torch.bfloat16
     for block in model.encoder.blocks:
-        block.attn.kernel = HeadByHeadAttention() if bfloat16 else None
+        block.attn.kernel = HeadByHeadAttention() if head_by_head else None
+    digest = model.weights_digest.split(ATTENTION_MARK)[0]
+    decoder, encoder = ("kernel" if kernel else "sdpa"), ("head-by-head" if head_by_head else "sdpa")
+    model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
 
 
 def quantize_int8(
@@ -180,8 +190,8 @@ def quantize_int8(
     _replace_linears(model.decoder.blocks)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
-    use_attention_kernels(model, attention_kernel)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder})"
+    use_attention_kernels(model, attention_kernel)
     model.compute_type = "int8"
     return model
