@@ -126,7 +126,7 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
             return AttendKernel(ctypes.CDLL(str(_build(compiler, place / name))), place / name)
         except subprocess.CalledProcessError as err:  # the compiler refused: another place will not help
             lines = err.stderr.decode(errors="replace").strip().splitlines()
-            failure = lines[-1] if lines else str(err)
+            failure = lines[-1] if lines else f"{Path(compiler).name} exited with status {err.returncode}"
             break
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
