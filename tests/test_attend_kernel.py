@@ -167,6 +167,9 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
     assert "+attention(" not in tiny_model.weights_digest
+    with pytest.raises(ValueError, match="only the int8 compute type"):
+        use_attention_kernels(tiny_model)  # float32 stays the reference's exact twin
+    assert tiny_model.decoder.attention_kernel is None and "+attention(" not in tiny_model.weights_digest
 
 
 def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):

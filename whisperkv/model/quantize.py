@@ -150,6 +150,8 @@ def use_attention_kernels(model: Whisper, on: bool = True) -> None:
     Both change the model's numbers (the encoder's output, the decoder's Self-KV), so the choice is
     part of the weights digest every cache's provenance carries: an encoder output or a cache made one
     way is never taken for one made the other way (across the trust boundary, too)."""
+    if model.compute_type != "int8":  # float32 stays SDPA: the reference's exact twin
+        raise ValueError(f"only the int8 compute type has attention of its own, not {model.compute_type}")
     kernel = load_kernel() if on else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
@@ -192,6 +194,6 @@ def quantize_int8(
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder})"
-    use_attention_kernels(model, attention_kernel)
     model.compute_type = "int8"
+    use_attention_kernels(model, attention_kernel)
     return model
