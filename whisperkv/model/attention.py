@@ -155,7 +155,8 @@ class HeadByHeadAttention:
     window and head at a time: two bfloat16 matrix products and a softmax over 1,500 x 1,500 scores.
 
     Why: SDPA took as long over bfloat16 as over float32 here (23 ms a layer, tiny.en); this takes the
-    int8 type's encoder from 170 to 136 ms a window (scratch). The scores are rounded to bfloat16 before
+    int8 type's encoder from 170-176 to 133-138 ms a window (``benchmarks/profile_step.py
+    --compute_type int8``, with and without ``--sdpa``). The scores are rounded to bfloat16 before
     the softmax (SDPA keeps them in float32): the encoder output's mean distance to float32's grew by
     2 % (0.0110 against 0.0107 on a clip), its WER is measured (``benchmarks/bench.py``). One head's
     scores are 4.5 MB, so the whole 27 MB score matrix of a window is never held at once; a window's

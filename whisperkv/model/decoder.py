@@ -19,13 +19,12 @@ from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
-from whisperkv.model.attention import MultiHeadAttention
+from whisperkv.model.attention import AttentionKernel, MultiHeadAttention
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab_screen import VocabScreen
 
 if TYPE_CHECKING:
-    from whisperkv.model.attend_kernel import AttendKernel
     from whisperkv.model.draft import DraftDecoder
 
 
@@ -119,8 +118,12 @@ class TextDecoder(nn.Module):
         self.vocab_screen: VocabScreen | None = None
         #: the int8 draft whose guesses greedy steps check two at a time (``model/draft.py``), or None
         self.draft: DraftDecoder | None = None
-        #: the int8 type's attention kernel for steps (``model/attend_kernel.py``); None: SDPA everywhere
-        self.attention_kernel: AttendKernel | None = None
+
+    @property
+    def attention_kernel(self) -> AttentionKernel | None:
+        """The kernel the blocks' steps attend through (the int8 type's, ``model/attend_kernel.py``), read
+        from the blocks themselves; None: SDPA."""
+        return self.blocks[0].cross_attn.kernel if len(self.blocks) else None
 
     @property
     def n_ctx(self) -> int:

@@ -155,7 +155,6 @@ def use_attention_kernels(model: Whisper, on: bool = True) -> None:
     kernel = load_kernel() if on else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
-    model.decoder.attention_kernel = kernel
     head_by_head = on and model.encoder_dtype == torch.bfloat16
     for block in model.encoder.blocks:
         block.attn.kernel = HeadByHeadAttention() if head_by_head else None
