@@ -53,6 +53,23 @@ def test_kernel_gives_sdpas_numbers(kernel, windows, beams, positions, causal):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("windows", "beams", "positions", "causal"), [(1, 1, 1500, False), (3, 5, 1500, False), (5, 1, 37, True)]
+)
+def test_bfloat16_caches_give_sdpas_numbers_over_the_same_keys(kernel, windows, beams, positions, causal):
+    """Caches held in bfloat16 (the int8 type's): each key and value is widened exactly, so the kernel
+    gives SDPA's numbers over those keys and values in float32, to float rounding."""
+    key, value = (t.bfloat16() for t in _cache(windows, positions, capacity=448 if causal else None))
+    q = torch.randn(windows * beams, 1, WIDTH, generator=torch.Generator().manual_seed(1)) * 3
+    offset = positions - 1 if causal else None
+    assert kernel.accepts(q, key, value, offset)
+    got, want = kernel(q, key, value), attend(q, key.float(), value.float(), offset)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not kernel.accepts(q, key, value.float(), offset)  # keys and values in one dtype
+    assert not kernel.accepts(q, key.half(), value.half(), offset)  # float16: not a dtype it reads
+
+
 def test_a_windows_rows_do_not_depend_on_the_call(kernel):
     """A window's rows get the same bits alone, beside other windows, and with one thread or two."""
     key, value = _cache(3, 1500)
@@ -157,12 +174,19 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     """An encoder output or a cache made with the type's own attention is never taken for one made with
     SDPA: the weights digest every provenance carries says which was used."""
     own = int8_model.weights_digest
-    assert own.endswith("+attention(decoder kernel, encoder head-by-head)") or "encoder sdpa" in own
+    assert own.endswith("+attention(decoder kernel, bfloat16 caches, encoder head-by-head)") or (
+        "encoder sdpa" in own
+    )
+    assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:
+        use_attention_kernels(int8_model, bfloat16_caches=False)
+        assert "+attention(decoder kernel, encoder" in int8_model.weights_digest
+        assert int8_model.decoder.kv_dtype is None  # float32 caches, read by the same kernel
         use_attention_kernels(int8_model, on=False)
         assert int8_model.weights_digest != own
         assert int8_model.weights_digest.endswith("+attention(decoder sdpa, encoder sdpa)")
         assert int8_model.weights_digest.count("+attention(") == 1
+        assert int8_model.decoder.kv_dtype is None  # SDPA was slower over bfloat16 caches
     finally:
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
@@ -173,15 +197,19 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
 
 
 def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
-    """The kernel changes sums' order, not what is heard: int8 text with SDPA and with the kernel."""
-    texts = {}
+    """The kernel changes sums' order, and bfloat16 caches the keys' last bits, not what is heard: int8
+    text with SDPA, with the kernel over float32 caches and over bfloat16 ones (whose Cross-KV and Self-KV
+    are then bfloat16, half the bytes)."""
+    texts, kv_bytes = {}, {}
     clips = ["en/jfk.flac", "en/lj_LJ001-0002.flac", "en/lj_LJ001-0005.flac"]
+    modes = {"sdpa": {"on": False}, "kernel": {"bfloat16_caches": False}, "bfloat16": {}}
     try:
-        for mode in ("sdpa", "kernel"):
-            use_attention_kernels(int8_model, on=mode == "kernel")
-            texts[mode] = [
-                int8_model.transcribe(str(speech_dir / c), language="en", verbose=None)["text"] for c in clips
-            ]
+        for mode, how in modes.items():
+            use_attention_kernels(int8_model, **how)
+            results = [int8_model.transcribe(str(speech_dir / c), language="en", verbose=None) for c in clips]
+            texts[mode] = [r["text"] for r in results]
+            kv_bytes[mode] = results[0]["cache"]["cross_kv_bytes"]
     finally:
         use_attention_kernels(int8_model)
-    assert texts["kernel"] == texts["sdpa"]
+    assert texts["kernel"] == texts["sdpa"] == texts["bfloat16"]
+    assert kv_bytes["sdpa"] == kv_bytes["kernel"] == 2 * kv_bytes["bfloat16"] == 4 * 2 * 1500 * WIDTH * 4

@@ -40,17 +40,21 @@ MAX_POSITIONS = 1500  # cached positions it attends over (MAXT): the audio conte
 
 
 class AttendKernel:
-    """``attend`` for one new position per row, float32, head width 64: the C kernel, or not at all."""
+    """``attend`` for one new position per row, head width 64, float32 queries over float32 or bfloat16
+    caches: the C kernel, or not at all."""
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self._fn = library.wkv_attend
-        self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 10
-        self._fn.argtypes += [ctypes.c_float]
+        #: the version for each dtype the caches may be held in (queries and output stay float32)
+        self._fns = {torch.float32: library.wkv_attend, torch.bfloat16: library.wkv_attend_bf16}
+        for fn in self._fns.values():
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 10
+            fn.argtypes += [ctypes.c_float]
 
     def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
-        """Whether ``q`` [B, 1, d] over ``k``/``v`` [Bk, H, T, 64] is a step this kernel computes.
+        """Whether ``q`` [B, 1, d] (float32) over ``k``/``v`` [Bk, H, T, 64] (float32 or bfloat16) is a
+        step this kernel computes.
 
         One query position per row needs no mask: a new position sees every key held, its own included.
         Beams share their window's keys (B a multiple of Bk) only where there is no mask (cross-attention).
@@ -59,7 +63,7 @@ class AttendKernel:
             return False
         if not 1 <= k.shape[2] <= MAX_POSITIONS:
             return False
-        if not (q.dtype == k.dtype == v.dtype == torch.float32):
+        if q.dtype != torch.float32 or k.dtype not in self._fns or v.dtype != k.dtype:
             return False
         if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
             return False
@@ -72,7 +76,7 @@ class AttendKernel:
         """Softmax(q kᵀ / 8) v per head: [B, 1, d] like ``attention.attend`` (call ``accepts`` first)."""
         bk, n_head, positions, _ = k.shape
         out = torch.empty(q.shape[0], 1, q.shape[2], dtype=torch.float32)
-        failed = self._fn(
+        failed = self._fns[k.dtype](
             q.data_ptr(),
             q.stride(0),
             k.data_ptr(),

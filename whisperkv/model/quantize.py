@@ -12,7 +12,8 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   than int8 there; elsewhere its linear layers become ``Int8Linear`` too.
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
-* the Self-KV and Cross-KV stay float32: a step's attention over bfloat16 keys was slower here.
+* the Self-KV and Cross-KV are held in bfloat16 where the attention kernel below reads them (half the
+  bytes a step reads); float32 where SDPA does, which was slower over bfloat16 keys.
 * a decoder step's attention runs through a small C kernel (``model/attend_kernel.py``) where a C
   compiler can build it: one pass over a window's cache for all its rows, its own order of sums; a
   bfloat16 encoder's attention runs head by head as bfloat16 products (``HeadByHeadAttention``).
@@ -142,10 +143,15 @@ def _replace_linears(module: nn.Module) -> None:
 ATTENTION_MARK = "+attention("  # the int8 type's attention, in the weights digest
 
 
-def use_attention_kernels(model: Whisper, on: bool = True) -> None:
+def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool = True) -> None:
     """The int8 type's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``, as before
     round 6): decoder steps through the C kernel where it builds (``model/attend_kernel.py``), a
     bfloat16 encoder head by head (``attention.HeadByHeadAttention``).
+
+    ``bfloat16_caches``: with the kernel, the Self-KV and Cross-KV are held in bfloat16 (round 7). A
+    step reads every cached key and value once, so half the bytes is most of its attention's time
+    (``benchmarks/attend_kernel.py``). SDPA was slower over bfloat16 caches than over float32 ones
+    (294 against 110 us a call), so without the kernel they stay float32.
 
     Both change the model's numbers (the encoder's output, the decoder's Self-KV), so the choice is
     part of the weights digest every cache's provenance carries: an encoder output or a cache made one
@@ -155,11 +161,14 @@ def use_attention_kernels(model: Whisper, on: bool = True) -> None:
     kernel = load_kernel() if on else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
+    caches = kernel is not None and bfloat16_caches
+    model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = on and model.encoder_dtype == torch.bfloat16
     for block in model.encoder.blocks:
         block.attn.kernel = HeadByHeadAttention() if head_by_head else None
     digest = model.weights_digest.split(ATTENTION_MARK)[0]
-    decoder, encoder = ("kernel" if kernel else "sdpa"), ("head-by-head" if head_by_head else "sdpa")
+    decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
+    encoder = "head-by-head" if head_by_head else "sdpa"
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
 
 
@@ -183,9 +192,7 @@ def quantize_int8(
     # the encoder and the blocks first: their float32 tensors are gone before the vocabulary table's
     # int8 copies are made, so the load's peak holds fewer float32 and int8 copies at once
     if encoder_bfloat16:
-        # the caches stay float32 (kv_dtype None): a decoder step's attention over bfloat16 keys took
-        # 294 µs a call against 110 µs in float32 here, and 60 s of speech 1.82 s against 1.44 s
-        model.encoder.to(torch.bfloat16)
+        model.encoder.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
     else:
         _replace_linears(model.encoder.blocks)
     _replace_linears(model.decoder.blocks)
