@@ -206,3 +206,21 @@ def test_progress_bar_counts_the_whole_audio_with_verbose(tiny_model, three_clip
     bars.clear()
     transcribe_batched(tiny_model, audio, verbose=False)
     assert not bars[0].shown
+
+
+def test_a_fallback_window_is_redecoded_from_its_batch_row_not_encoded_again(
+    tiny_model, speech_dir, monkeypatch
+):
+    """A window redone at a higher temperature reads its row of the batch's encoder output: the encoder
+    runs once per window, fallbacks or not. With the log-probability threshold at 0 every window is
+    improbable, so each is redone up to the last temperature."""
+    audio = whisperkv.load_audio(speech_dir / "en" / "jfk.flac")
+    windows_encoded: list[int] = []
+    embed_audio = tiny_model.embed_audio
+    monkeypatch.setattr(
+        tiny_model, "embed_audio", lambda mel: windows_encoded.append(mel.shape[0]) or embed_audio(mel)
+    )
+    result = transcribe_batched(tiny_model, audio, logprob_threshold=0.0, language="en")
+    assert result["batched"]["fallbacks"] == result["batched"]["windows"] == 1
+    assert windows_encoded == [1]
+    assert result["segments"] and {s["temperature"] for s in result["segments"]} == {1.0}  # the last one
