@@ -12,10 +12,12 @@ bits (2-5e-7). The float32 paths stay the reference's exact twins; the int8 type
 whose agreement is measured anyway (tests, ``benchmarks/bench.py``).
 
 Why built here, on first use: ``-march=native`` for the CPU it runs on, and a C compiler is all it
-needs (no Python headers). The library is kept in a cache directory under a name that hashes the
-source, the flags and the CPU, so one build serves every later process. A machine without a compiler
-keeps SDPA: ``TextDecoder.attention_kernel`` says which one a model uses. It links the OpenMP runtime
-PyTorch has already loaded (``libgomp.so.1``): one thread pool, ``torch.set_num_threads`` applies.
+needs (no Python headers). The library holds the int8 linears' kernel too (``kernels/int8_rows.c``,
+``model/int8_rows.py``): one build, one cache entry. It is kept in a cache directory under a name that
+hashes the sources, the flags and the CPU, so one build serves every later process. A machine without
+a compiler keeps SDPA (and fbgemm): ``TextDecoder.attention_kernel`` says which one a model uses. It
+links the OpenMP runtime PyTorch has already loaded (``libgomp.so.1``): one thread pool,
+``torch.set_num_threads`` applies.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels") / "attend.c"
+#: compiled together into one library: the step attention, and the int8 linears' rows (``model/int8_rows.py``)
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c"))
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
@@ -45,6 +48,7 @@ class AttendKernel:
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path
+        self.library = library  # also holds the int8 linears' kernel (``model/int8_rows.py``)
         #: the version for each dtype the caches may be held in (queries and output stay float32)
         self._fns = {torch.float32: library.wkv_attend, torch.bfloat16: library.wkv_attend_bf16}
         for fn in self._fns.values():
@@ -116,11 +120,11 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
     Without ``directory``: the cache directory, or the system's temporary one where that cannot be
     written (a read-only home)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None or not SOURCE.is_file():
+    if compiler is None or not all(source.is_file() for source in SOURCES):
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
-    name = f"attend-{key.hexdigest()[:16]}.so"
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
+    name = f"kernels-{key.hexdigest()[:16]}.so"
     places = (
         [directory] if directory else [cache_dir(), Path(tempfile.gettempdir()) / f"whisperkv-{os.getuid()}"]
     )
@@ -147,7 +151,7 @@ def _build(compiler: str, path: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             built = Path(tmp) / path.name
             subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                [compiler, *FLAGS, *map(str, SOURCES), "-o", str(built), "-lm"],
                 check=True,
                 capture_output=True,
                 timeout=120,

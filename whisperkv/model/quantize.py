@@ -30,6 +30,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.attention import HeadByHeadAttention, MultiHeadAttention
+from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.model.whisper import Whisper
 
 
@@ -49,19 +50,34 @@ class Int8Linear(nn.Module):
     """``y = x W^T + b`` with W stored as int8, one scale per output row (symmetric, no zero point).
 
     Activations are quantised dynamically to 8 bits over their full range; with VNNI the products
-    cannot saturate, so the reduced 7-bit range older CPUs need is not used there.
+    cannot saturate, so the reduced 7-bit range older CPUs need is not used there. ``kernel`` (the
+    decoder's layers, where the C kernel builds): each row quantised on its own, through
+    ``model/int8_rows.py``; otherwise PyTorch's quantized linear (fbgemm), one scale for all rows.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Int8RowsKernel | None = None
+    ) -> None:
         super().__init__()
         weight = weight.detach().float()
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
-        scales = row_scales(weight).double()
+        scales = row_scales(weight)
+        self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
+        if self.kernel is not None:
+            qweight = torch.empty(weight.shape, dtype=torch.int8)
+            for start in range(0, weight.shape[0], 4096):  # in blocks: no float32 temporaries of the table
+                rows = slice(start, start + 4096)
+                qweight[rows] = torch.round(weight[rows] / scales[rows, None]).clamp(-127, 127)
+            self._row_sums = qweight.sum(dim=1, dtype=torch.int32)
+            self._scales = scales
+            self._bias = None if bias is None else bias.detach().float().contiguous()
+            self._packed = self.kernel.pack(qweight)
+            return
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantised tensor types announce their future move
-            qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+            qweight = torch.quantize_per_channel(weight, scales.double(), zero_points, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(
                 qweight, None if bias is None else bias.detach().float()
             )
@@ -70,18 +86,21 @@ class Int8Linear(nn.Module):
         self._op = getattr(op, "_op", op)  # the bound C++ kernel: skips ~4 µs of Python dispatch per call
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: nn.Linear, kernel: Int8RowsKernel | None = None) -> Int8Linear:
+        return cls(linear.weight, linear.bias, kernel)
 
     @property
     def nbytes(self) -> int:
         return self.in_features * self.out_features  # one byte per weight (scales and bias aside)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self._packed, self._scales, self._row_sums, self._bias, self.out_features)
         return self._op(x, self._packed, self.reduce_range)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+        how = "rows kernel" if self.kernel is not None else "fbgemm"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row, {how}"
 
 
 class Int8Embedding(nn.Module):
@@ -129,15 +148,16 @@ def cpu_has_fast_bfloat16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def _replace_linears(module: nn.Module) -> None:
+def _replace_linears(module: nn.Module, kernel: Int8RowsKernel | None = None) -> None:
     """Every nn.Linear below ``module`` becomes an Int8Linear; fused query/key/value ones too."""
+    make = functools.partial(Int8Linear, kernel=kernel)
     for child in module.modules():
         if isinstance(child, MultiHeadAttention) and child.qkv is not None:
-            child.fuse_qkv(Int8Linear)  # per-row scales: the same int8 rows the three layers get
+            child.fuse_qkv(make)  # per-row scales: the same int8 rows the three layers get
     for parent in list(module.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_linear(child))
+                setattr(parent, name, Int8Linear.from_linear(child, kernel))
 
 
 ATTENTION_MARK = "+attention("  # the int8 type's attention, in the weights digest
@@ -173,12 +193,18 @@ def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool
 
 
 def quantize_int8(
-    model: Whisper, encoder_bfloat16: bool | None = None, attention_kernel: bool = True
+    model: Whisper,
+    encoder_bfloat16: bool | None = None,
+    attention_kernel: bool = True,
+    rows_kernel: bool = True,
 ) -> Whisper:
     """Turn a float32 CPU model into the int8 compute type, in place, and mark its provenance.
 
     ``encoder_bfloat16``: None picks bfloat16 for the encoder when the CPU has native support.
     ``attention_kernel``: the type's own attention (``use_attention_kernels``), else SDPA.
+    ``rows_kernel``: the decoder's linears and vocabulary projection through the C kernel
+    (``model/int8_rows.py``) where it builds, else fbgemm. Chosen here, once: the weights are stored
+    for one or the other.
     """
     if model.compute_type == "int8":
         raise ValueError("this model is already of the int8 compute type")
@@ -195,11 +221,14 @@ def quantize_int8(
         model.encoder.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
     else:
         _replace_linears(model.encoder.blocks)
-    _replace_linears(model.decoder.blocks)
-    model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None)
+    kernel = load_rows_kernel() if rows_kernel else None
+    _replace_linears(model.decoder.blocks, kernel)
+    model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
-    model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder})"
+    # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
+    decoder = ", decoder rows kernel" if kernel is not None else ""
+    model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
     model.compute_type = "int8"
     use_attention_kernels(model, attention_kernel)
     return model

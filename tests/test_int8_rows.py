@@ -1,0 +1,94 @@
+"""The int8 type's decoder linears through the C kernel (model/int8_rows.py): float32's numbers to int8
+rounding, as close as fbgemm's, each row's numbers its own whatever else is in the call."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
+from whisperkv.model.quantize import Int8Linear
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
+)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Int8RowsKernel:
+    built = load_rows_kernel()
+    assert built is not None, "a C compiler is here, so the kernel must build"
+    return built
+
+
+def _layer(out: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # rows of very different sizes: per-row scales must follow each row's own magnitude
+    weight = torch.randn(out, width, generator=g) * torch.logspace(-2, 0, out)[:, None]
+    return weight, torch.randn(out, generator=g)
+
+
+@pytest.mark.parametrize(
+    ("out", "width", "rows"), [(1152, 384, 1), (384, 1536, 5), (37, 64, 16), (100, 8, 40)]
+)
+def test_kernel_is_float32_to_int8_rounding_and_as_close_as_fbgemm(kernel, out, width, rows):
+    weight, bias = _layer(out, width)
+    x = torch.randn(rows, 1, width, generator=torch.Generator().manual_seed(1))
+    exact = torch.nn.functional.linear(x, weight, bias)
+    ours, fbgemm = Int8Linear(weight, bias, kernel), Int8Linear(weight, bias)
+    assert ours.kernel is kernel and fbgemm.kernel is None
+    got = ours(x)
+    assert got.shape == exact.shape == (rows, 1, out) and got.dtype == torch.float32
+    # each output's error is bounded by its weight row's and its input row's quantisation steps
+    step_w = weight.abs().amax(dim=1) / 127
+    step_x = (x.amax(dim=-1, keepdim=True).clamp_min(0) - x.amin(dim=-1, keepdim=True).clamp_max(0)) / 255
+    bound = width * (step_w * x.abs().amax(dim=-1, keepdim=True) + step_x * weight.abs().amax(dim=1))
+    assert torch.all((got - exact).abs() <= bound)
+    # no worse than fbgemm's, on the whole (each row has its own scale there, one for all in fbgemm)
+    assert (got - exact).abs().mean() <= 1.1 * (fbgemm(x) - exact).abs().mean()
+
+
+def test_a_rows_numbers_are_its_own(kernel):
+    """A row gives the same bits alone, among 40 others (blocks of 8 rows), and with 1 thread or 2."""
+    weight, bias = _layer(300, 384)
+    layer = Int8Linear(weight, bias, kernel)
+    x = torch.randn(40, 384, generator=torch.Generator().manual_seed(3)) * torch.logspace(-1, 1, 40)[:, None]
+    together = layer(x)
+    for r in (0, 7, 8, 39):
+        assert torch.equal(layer(x[r : r + 1]), together[r : r + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = layer(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, together)
+
+
+def test_zero_rows_a_strided_input_and_no_bias(kernel):
+    weight, _ = _layer(48, 96)
+    layer = Int8Linear(weight, None, kernel)
+    assert layer(torch.zeros(0, 96)).shape == (0, 48)
+    wide = torch.randn(3, 200)
+    assert torch.equal(layer(wide[:, 10:106]), layer(wide[:, 10:106].contiguous()))
+    assert torch.equal(layer(torch.zeros(2, 96)), torch.zeros(2, 48))  # a zero row is exactly 0 + no bias
+
+
+def test_widths_it_cannot_take_keep_fbgemm(kernel):
+    weight, bias = _layer(16, 6)  # not a multiple of 4
+    assert not kernel.takes(6) and Int8Linear(weight, bias, kernel).kernel is None
+    with pytest.raises(ValueError, match="4..5120 wide in fours"):
+        kernel.pack(torch.zeros(16, 6, dtype=torch.int8))
+
+
+def test_the_int8_model_uses_it_and_names_it(int8_model):
+    """Each row quantised on its own gives other numbers than fbgemm's one scale: the weights digest (every
+    cache's provenance) says which."""
+    decoder = int8_model.decoder
+    assert decoder.logits_projection.kernel is not None
+    assert all(
+        block.mlp[0].kernel is not None and block.attn.qkv.kernel is not None for block in decoder.blocks
+    )
+    assert "decoder rows kernel)" in int8_model.weights_digest

@@ -1,0 +1,88 @@
+"""The int8 compute type's decoder linears through a small C kernel (``kernels/int8_rows.c``).
+
+Why: a decoder step multiplies a few rows by every weight matrix once, with the weights not in the CPU
+cache (the step's other reads push them out). PyTorch's quantized linear (fbgemm) is made for many
+rows: ``benchmarks/int8_kernels.py --rows`` prints both, a call at a time, warm and cold. The kernel
+quantises each row on its own and reads weights stored for the CPU's int8 dot product (16 output rows
+x 4 inputs a line), so one row's numbers never depend on the others in the step.
+
+Built with the attention kernel into one library (``model/attend_kernel.py``): no compiler, no
+kernel, and ``Int8Linear`` keeps fbgemm.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from whisperkv.model.attend_kernel import load_kernel
+
+LANES = 16  # output rows per packed block (LANES in int8_rows.c)
+MAX_IN = 5120  # widest input it takes (MAXIN)
+
+
+class Int8RowsKernel:
+    """``pack`` int8 weights once; then ``y = x Wᵀ + b`` for any number of float32 rows."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._rows = library.wkv_int8_rows
+        self._rows.restype = ctypes.c_int
+        self._rows.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 5
+        self._pack = library.wkv_int8_pack
+        self._pack.restype = None
+        self._pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+
+    @staticmethod
+    def takes(in_features: int) -> bool:
+        return 4 <= in_features <= MAX_IN and in_features % 4 == 0
+
+    def pack(self, qweight: torch.Tensor) -> torch.Tensor:
+        """int8 [out, in] → the kernel's layout, [ceil(out / 16) * 16 * in] int8 (padding rows are 0)."""
+        out, width = qweight.shape
+        if qweight.dtype != torch.int8 or not self.takes(width):
+            raise ValueError(
+                f"the int8 rows kernel takes int8 weights 4..{MAX_IN} wide in fours, not {width}"
+            )
+        qweight = qweight.contiguous()
+        packed = torch.empty(-(-out // LANES) * LANES * width, dtype=torch.int8)
+        self._pack(qweight.data_ptr(), out, width, packed.data_ptr())
+        return packed
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        scale: torch.Tensor,
+        row_sum: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+    ) -> torch.Tensor:
+        """``x`` [..., in] float32 → [..., out_features] float32."""
+        width = x.shape[-1]
+        rows = x.reshape(-1, width)
+        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+            rows = rows.float().contiguous()
+        y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+        if rows.shape[0]:
+            failed = self._rows(
+                rows.data_ptr(),
+                rows.stride(0),
+                rows.shape[0],
+                width,
+                out_features,
+                packed.data_ptr(),
+                scale.data_ptr(),
+                row_sum.data_ptr(),
+                None if bias is None else bias.data_ptr(),
+                y.data_ptr(),
+            )
+            if failed:
+                raise ValueError(f"the int8 rows kernel does not take inputs {width} wide")
+        return y.reshape(*x.shape[:-1], out_features)
+
+
+def load_rows_kernel() -> Int8RowsKernel | None:
+    """The kernel, from the library ``load_kernel`` builds (None where it cannot be built)."""
+    built = load_kernel()
+    return Int8RowsKernel(built.library) if built is not None else None

@@ -1,0 +1,112 @@
+/* Int8 linear layers for decoder steps: the int8 compute type's Int8Linear.
+ *
+ * A decoder step multiplies a few rows (1 per greedy window, 5 per beam-5 window) by every weight
+ * matrix once. PyTorch's quantized linear (fbgemm) quantises the whole input with one scale and packs
+ * it for a GEMM made for many rows; for one row and 0.4 MB of weights not in the CPU cache it took
+ * 100-160 us a call here. Here each row is quantised on its own (8 bits, its own scale and zero point,
+ * the range always holding 0, as fbgemm's does), and the weights are stored for the CPU's int8 dot
+ * product (AVX512-VNNI's vpdpbusd): 16 output rows x 4 inputs in each 64-byte line, so one load and
+ * one instruction make 64 products for one row, with no sum across a register at the end.
+ *
+ * Because each row has its own scale, a row's numbers depend neither on the other rows in the call
+ * (fbgemm's did: one scale for them all) nor on the thread count (each output is one integer sum).
+ * Without AVX512-VNNI the same layout runs through plain C loops: the same integers, the same result.
+ * Built by model/attend_kernel.py, with attend.c, into one library. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#endif
+
+#define LANES 16   /* output rows per weight block: one 512-bit register of int32 sums */
+#define ROWS 8     /* input rows per pass over a weight block (their sums stay in registers) */
+#define MAXIN 5120 /* input width: Whisper's widest is large's MLP, 4 x 1280 */
+
+/* Weights [out, in] (int8, row-major) into blocks [ceil(out/16)][in/4][16][4]; rows past ``out`` are 0. */
+void wkv_int8_pack(const int8_t *w, long out, long in, int8_t *packed)
+{
+    const long blocks = (out + LANES - 1) / LANES;
+    memset(packed, 0, (size_t)(blocks * LANES * in));
+    for (long o = 0; o < out; o++)
+        for (long k = 0; k < in / 4; k++)
+            memcpy(packed + ((o / LANES) * (in / 4) + k) * LANES * 4 + (o % LANES) * 4, w + o * in + 4 * k, 4);
+}
+
+/* Quantise one row: xq = round(x / scale) + zero in [0, 255]. */
+static void quantise(const float *row, long in, uint8_t *xq, float *scale, int32_t *zero)
+{
+    float lo = 0.f, hi = 0.f;
+    for (long i = 0; i < in; i++) {
+        lo = row[i] < lo ? row[i] : lo;
+        hi = row[i] > hi ? row[i] : hi;
+    }
+    const float s = hi > lo ? (hi - lo) / 255.f : 1.f;
+    const float inverse = 1.f / s;
+    const int32_t z = (int32_t)nearbyintf(-lo * inverse);
+    for (long i = 0; i < in; i++) {
+        const int32_t q = (int32_t)nearbyintf(row[i] * inverse) + z;
+        xq[i] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+    }
+    *scale = s;
+    *zero = z;
+}
+
+/* The int32 sums of rows' quantised inputs with one weight block: sums[r][lane]. */
+static void block_sums(const uint8_t (*xq)[MAXIN], long n, long in, const int8_t *block, int32_t sums[ROWS][LANES])
+{
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    __m512i acc[ROWS];
+    for (long r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
+    for (long k = 0; k < in / 4; k++) {
+        const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
+        for (long r = 0; r < n; r++) {
+            int32_t four;
+            memcpy(&four, xq[r] + 4 * k, 4);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
+        }
+    }
+    for (long r = 0; r < n; r++) _mm512_storeu_si512((void *)sums[r], acc[r]);
+#else
+    for (long r = 0; r < n; r++) {
+        int32_t acc[LANES] = {0};
+        for (long k = 0; k < in / 4; k++) {
+            const int8_t *weights = block + k * LANES * 4;
+            const uint8_t *x = xq[r] + 4 * k;
+            for (int lane = 0; lane < LANES; lane++)
+                for (int j = 0; j < 4; j++) acc[lane] += (int32_t)x[j] * (int32_t)weights[lane * 4 + j];
+        }
+        memcpy(sums[r], acc, sizeof acc);
+    }
+#endif
+}
+
+/* y [R, out] = x [R, in] (rows x_row floats apart) times the packed weights transposed, each output
+ * o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus bias (or NULL).
+ * Returns 0, or 1 when ``in`` is out of range or not a multiple of 4 (nothing written). */
+int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
+                  const float *w_scale, const int32_t *w_sum, const float *bias, float *y)
+{
+    if (R < 1 || in < 4 || in > MAXIN || in % 4) return 1;
+    const long blocks = (out + LANES - 1) / LANES;
+    for (long r0 = 0; r0 < R; r0 += ROWS) {
+        const long n = R - r0 < ROWS ? R - r0 : ROWS;
+        uint8_t xq[ROWS][MAXIN] __attribute__((aligned(64))); /* 40 KB on the calling thread's stack */
+        float scale[ROWS];
+        int32_t zero[ROWS];
+        for (long r = 0; r < n; r++) quantise(x + (r0 + r) * x_row, in, xq[r], scale + r, zero + r);
+#pragma omp parallel for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            int32_t sums[ROWS][LANES] __attribute__((aligned(64)));
+            block_sums((const uint8_t (*)[MAXIN])xq, n, in, packed + b * (in / 4) * LANES * 4, sums);
+            const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
+            for (long r = 0; r < n; r++)
+                for (long lane = 0; lane < lanes; lane++) {
+                    const long o = b * LANES + lane;
+                    const float total = (float)(sums[r][lane] - zero[r] * w_sum[o]);
+                    y[(r0 + r) * out + o] = scale[r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
+                }
+        }
+    }
+    return 0;
+}
