@@ -224,3 +224,45 @@ def test_a_fallback_window_is_redecoded_from_its_batch_row_not_encoded_again(
     assert result["batched"]["fallbacks"] == result["batched"]["windows"] == 1
     assert windows_encoded == [1]
     assert result["segments"] and {s["temperature"] for s in result["segments"]} == {1.0}  # the last one
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_beam_windows_leave_the_batch_once_their_candidates_are_in(
+    tiny_model, int8_model, joined, monkeypatch, compute_type
+):
+    """A beam window that holds all the candidates it keeps is dropped from the batch (its rows and caches):
+    the tokens are those of the batch that keeps every window to the end. int8 rows are each their own
+    (per-row quantisation, attention per window): the same scores bit for bit; float32's GEMMs over fewer
+    rows may round differently in the last bit."""
+    from whisperkv.cache.kv import DecoderCache
+
+    model = tiny_model if compute_type == "float32" else int8_model
+    dropped: list[tuple[int, int]] = []  # (Self-KV rows, Cross-KV windows) kept each time
+    keep_rows = DecoderCache.keep_rows
+    monkeypatch.setattr(
+        DecoderCache,
+        "keep_rows",
+        lambda self, rows, windows=None: (
+            dropped.append((len(rows), len(windows))),
+            keep_rows(self, rows, windows),
+        ),
+    )
+    chunks = split_at_silences(joined)
+    mels = torch.stack(
+        [log_mel_spectrogram(joined[c.start : c.end], 80, padding=N_SAMPLES)[:, :N_FRAMES] for c in chunks]
+    )
+    options = DecodingOptions(language="en", beam_size=5)
+    features = model.embed_audio(mels)
+    provenance = model.encoder_provenance(mels)
+    results = {}
+    for drop in (True, False):
+        cross = model.decoder.project_cross_kv(features, provenance)
+        results[drop] = decode_windows(model, model.tokenizer, features, options, cross, drop_finished=drop)
+    assert dropped and all(rows == 5 * windows for rows, windows in dropped)
+    assert dropped[-1][1] < len(chunks)  # windows left before the last step
+    for fast, slow in zip(results[True], results[False], strict=True):
+        assert fast.tokens == slow.tokens and len(fast.tokens) > 10
+        if compute_type == "int8":
+            assert fast.avg_logprob == slow.avg_logprob
+        else:
+            assert fast.avg_logprob == pytest.approx(slow.avg_logprob, abs=1e-5)

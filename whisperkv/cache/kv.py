@@ -244,15 +244,17 @@ class DecoderCache:
             kv.reorder(rows)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` of a batch with one row per audio window, in both caches.
+    def keep_rows(self, rows: torch.Tensor, windows: torch.Tensor | None = None) -> None:
+        """Keep only ``rows`` of the Self-KV and ``windows`` of the Cross-KV (default: ``rows``, a batch
+        with one row per audio window; beams share their window's Cross-KV row).
 
         Windows of a batch finish at different steps; once dropped, a finished window no longer costs
         a Cross-KV and Self-KV read at every step of the others.
         """
         self.reorder(rows)
+        windows = rows if windows is None else windows
         for i, kv in enumerate(self.cross_kv):  # one layer at a time, so a full copy never coexists
-            self.cross_kv[i] = kv.rows(rows)
+            self.cross_kv[i] = kv.rows(windows)
 
     def self_provenance(self, row: int = 0, layer: int = 0) -> SelfKVProvenance:
         """Every layer's Self-KV holds the same prefix; each attended to its own layer's Cross-KV."""

@@ -164,11 +164,17 @@ def decode_windows(
     options: DecodingOptions,
     cross_kv: list[CrossKV] | None = None,
     generator: torch.Generator | None = None,
+    drop_finished: bool = True,
 ) -> list[DecodingResult]:
     """Decode a batch of windows [n_audio, 1500, d] together: one decoder call per step for all.
 
     Each window gets ``n_group`` rows (beams or samples), window-major; the rows of one window share
     its Cross-KV row. ``cross_kv`` (one per layer, batch n_audio) is required on the cached path.
+
+    ``drop_finished``: a window whose rows are done leaves the batch (its caches too), so the others'
+    steps stop paying for it: a greedy window at its end of text, a beam window once it holds as many
+    finished candidates as it keeps (later steps could not change them, nor its result). False keeps
+    every window to the last step, as the reference does; the tokens are the same.
     """
     check_options(options)
     n_ctx = model.dims.n_text_ctx
@@ -198,11 +204,16 @@ def decode_windows(
     no_speech_probs = [float("nan")] * n_audio
     step_logits: list[torch.Tensor] | None = [] if options.record_logits else None
     step_tokens: list[list[int]] | None = [] if options.record_logits else None
-    # Batched windows (one greedy row each) finish at different steps: finished rows are set aside and
-    # dropped from the caches, so the rest stop paying for them. ``active`` maps rows to original rows.
-    compact = cache is not None and n_group == 1 and n_audio > 1 and step_logits is None
+    # Batched windows finish at different steps: finished ones are set aside and dropped from the
+    # caches, so the rest stop paying for them. ``active`` maps windows to original windows. A beam
+    # window is finished once its candidates are (it keeps ``max_candidates``; a patience under 1 keeps
+    # fewer than its beams and tops up from the live ones at the end, so it stays to the end).
+    compact = drop_finished and cache is not None and n_audio > 1 and step_logits is None
+    compact_beams = compact and isinstance(searcher, BeamSearch) and searcher.max_candidates >= n_group
+    compact = compact and isinstance(searcher, GreedySearch) and n_group == 1
     active = torch.arange(n_audio)
     set_aside: dict[int, tuple[list[int], float]] = {}
+    beams_aside: dict[int, dict[tuple[int, ...], float]] = {}  # window → its finished candidates
     new = tokens[::n_group]  # what the decoder has not seen yet: the prompt (once a window), then a token
     for step in range(sample_len):
         if cache is not None:
@@ -238,6 +249,17 @@ def decode_windows(
                 keep = (~done).nonzero().flatten()
                 tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[keep]
                 cache.keep_rows(keep.to(model.device))
+        if compact_beams:
+            assert isinstance(searcher, BeamSearch) and searcher.finished is not None and cache is not None
+            full = [len(done) >= searcher.max_candidates for done in searcher.finished]
+            if any(full):
+                for a in (a for a, f in enumerate(full) if f):
+                    beams_aside[int(active[a])] = searcher.finished[a]
+                windows = torch.tensor([a for a, f in enumerate(full) if not f])
+                searcher.finished = [searcher.finished[a] for a in windows.tolist()]
+                keep = (windows[:, None] * n_group + torch.arange(n_group)).flatten()
+                tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[windows]
+                cache.keep_rows(keep.to(model.device), windows.to(model.device))
         new = tokens[:, -1:]
 
     eot = tokenizer.eot
@@ -247,6 +269,16 @@ def decode_windows(
         width = max(len(seq) for seq, _ in rows.values())
         tokens = torch.tensor([rows[r][0] + [eot] * (width - len(rows[r][0])) for r in range(n_audio)])
         sum_logprobs = torch.tensor([rows[r][1] for r in range(n_audio)])
+
+    if beams_aside:  # every window's candidates in place again; a window set aside needs no live rows
+        assert isinstance(searcher, BeamSearch) and searcher.finished is not None
+        live = dict(zip(active.tolist(), searcher.finished, strict=True))
+        searcher.finished = [beams_aside[a] if a in beams_aside else live[a] for a in range(n_audio)]
+        rows = torch.full((n_audio * n_group, tokens.shape[-1]), eot, dtype=tokens.dtype)
+        sums = torch.zeros(n_audio * n_group)
+        at = (active[:, None] * n_group + torch.arange(n_group)).flatten()
+        rows[at], sums[at] = tokens, sum_logprobs
+        tokens, sum_logprobs = rows, sums
 
     candidates, scores = searcher.finalize(
         tokens.reshape(n_audio, n_group, -1).cpu(), sum_logprobs.reshape(n_audio, n_group)
