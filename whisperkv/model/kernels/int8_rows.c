@@ -14,13 +14,14 @@
  * Built by model/attend_kernel.py, with attend.c, into one library. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #endif
 
 #define LANES 16   /* output rows per weight block: one 512-bit register of int32 sums */
-#define ROWS 8     /* input rows per pass over a weight block (their sums stay in registers) */
+#define ROWS 16    /* input rows per pass over a weight block (their sums stay in registers) */
 #define MAXIN 5120 /* input width: Whisper's widest is large's MLP, 4 x 1280 */
 
 /* Weights [out, in] (int8, row-major) into blocks [ceil(out/16)][in/4][16][4]; rows past ``out`` are 0. */
@@ -52,18 +53,31 @@ static void quantise(const float *row, long in, uint8_t *xq, float *scale, int32
     *zero = z;
 }
 
-/* The int32 sums of rows' quantised inputs with one weight block: sums[r][lane]. */
-static void block_sums(const uint8_t (*xq)[MAXIN], long n, long in, const int8_t *block, int32_t sums[ROWS][LANES])
+/* The int32 sums of n <= ROWS quantised rows (``stride`` bytes apart) with one weight block: sums[r][lane]. */
+static void block_sums(const uint8_t *xq, long stride, long n, long in, const int8_t *block,
+                       int32_t sums[ROWS][LANES])
 {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
     __m512i acc[ROWS];
     for (long r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
-    for (long k = 0; k < in / 4; k++) {
-        const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
-        for (long r = 0; r < n; r++) {
-            int32_t four;
-            memcpy(&four, xq[r] + 4 * k, 4);
-            acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
+    if (n == ROWS) { /* a full block: a fixed count, so the sums stay in registers */
+        for (long k = 0; k < in / 4; k++) {
+            const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
+#pragma GCC unroll 16
+            for (long r = 0; r < ROWS; r++) {
+                int32_t four;
+                memcpy(&four, xq + r * stride + 4 * k, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
+            }
+        }
+    } else {
+        for (long k = 0; k < in / 4; k++) {
+            const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
+            for (long r = 0; r < n; r++) {
+                int32_t four;
+                memcpy(&four, xq + r * stride + 4 * k, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
+            }
         }
     }
     for (long r = 0; r < n; r++) _mm512_storeu_si512((void *)sums[r], acc[r]);
@@ -72,7 +86,7 @@ static void block_sums(const uint8_t (*xq)[MAXIN], long n, long in, const int8_t
         int32_t acc[LANES] = {0};
         for (long k = 0; k < in / 4; k++) {
             const int8_t *weights = block + k * LANES * 4;
-            const uint8_t *x = xq[r] + 4 * k;
+            const uint8_t *x = xq + r * stride + 4 * k;
             for (int lane = 0; lane < LANES; lane++)
                 for (int j = 0; j < 4; j++) acc[lane] += (int32_t)x[j] * (int32_t)weights[lane * 4 + j];
         }
@@ -83,30 +97,43 @@ static void block_sums(const uint8_t (*xq)[MAXIN], long n, long in, const int8_t
 
 /* y [R, out] = x [R, in] (rows x_row floats apart) times the packed weights transposed, each output
  * o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus bias (or NULL).
- * Returns 0, or 1 when ``in`` is out of range or not a multiple of 4 (nothing written). */
+ * Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and runs all
+ * the rows through a block, ROWS at a time, while it sits in the CPU's first-level cache: the weights
+ * are read from memory once per call, however many rows. Returns 0, or 1 when ``in`` is out of range
+ * or not a multiple of 4, 2 when the rows' buffer cannot be allocated (nothing written). */
 int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
                   const float *w_scale, const int32_t *w_sum, const float *bias, float *y)
 {
     if (R < 1 || in < 4 || in > MAXIN || in % 4) return 1;
+    uint8_t *xq = malloc((size_t)(R * in));
+    float *scale = malloc(sizeof(float) * (size_t)R);
+    int32_t *zero = malloc(sizeof(int32_t) * (size_t)R);
+    if (!xq || !scale || !zero) {
+        free(xq);
+        free(scale);
+        free(zero);
+        return 2;
+    }
+    for (long r = 0; r < R; r++) quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
     const long blocks = (out + LANES - 1) / LANES;
-    for (long r0 = 0; r0 < R; r0 += ROWS) {
-        const long n = R - r0 < ROWS ? R - r0 : ROWS;
-        uint8_t xq[ROWS][MAXIN] __attribute__((aligned(64))); /* 40 KB on the calling thread's stack */
-        float scale[ROWS];
-        int32_t zero[ROWS];
-        for (long r = 0; r < n; r++) quantise(x + (r0 + r) * x_row, in, xq[r], scale + r, zero + r);
 #pragma omp parallel for schedule(static)
-        for (long b = 0; b < blocks; b++) {
-            int32_t sums[ROWS][LANES] __attribute__((aligned(64)));
-            block_sums((const uint8_t (*)[MAXIN])xq, n, in, packed + b * (in / 4) * LANES * 4, sums);
-            const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *block = packed + b * (in / 4) * LANES * 4;
+        const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
+        int32_t sums[ROWS][LANES] __attribute__((aligned(64)));
+        for (long r0 = 0; r0 < R; r0 += ROWS) {
+            const long n = R - r0 < ROWS ? R - r0 : ROWS;
+            block_sums(xq + r0 * in, in, n, in, block, sums);
             for (long r = 0; r < n; r++)
                 for (long lane = 0; lane < lanes; lane++) {
                     const long o = b * LANES + lane;
-                    const float total = (float)(sums[r][lane] - zero[r] * w_sum[o]);
-                    y[(r0 + r) * out + o] = scale[r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
+                    const float total = (float)(sums[r][lane] - zero[r0 + r] * w_sum[o]);
+                    y[(r0 + r) * out + o] = scale[r0 + r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
                 }
         }
     }
+    free(xq);
+    free(scale);
+    free(zero);
     return 0;
 }
