@@ -53,34 +53,47 @@ static void quantise(const float *row, long in, uint8_t *xq, float *scale, int32
     *zero = z;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+/* ROWS rows at once: every count fixed, so the compiler keeps the ROWS sums in registers. */
+static void full_block_sums(const uint8_t *xq, long stride, long in, const int8_t *block,
+                            int32_t sums[ROWS][LANES])
+{
+    __m512i acc[ROWS];
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
+    for (long k = 0; k < in / 4; k++) {
+        const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; r++) {
+            int32_t four;
+            memcpy(&four, xq + r * stride + 4 * k, 4);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; r++) _mm512_storeu_si512((void *)sums[r], acc[r]);
+}
+#endif
+
 /* The int32 sums of n <= ROWS quantised rows (``stride`` bytes apart) with one weight block: sums[r][lane]. */
 static void block_sums(const uint8_t *xq, long stride, long n, long in, const int8_t *block,
                        int32_t sums[ROWS][LANES])
 {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
-    __m512i acc[ROWS];
-    for (long r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
-    if (n == ROWS) { /* a full block: a fixed count, so the sums stay in registers */
-        for (long k = 0; k < in / 4; k++) {
-            const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
-#pragma GCC unroll 16
-            for (long r = 0; r < ROWS; r++) {
-                int32_t four;
-                memcpy(&four, xq + r * stride + 4 * k, 4);
-                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
-            }
-        }
-    } else {
-        for (long k = 0; k < in / 4; k++) {
-            const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
-            for (long r = 0; r < n; r++) {
-                int32_t four;
-                memcpy(&four, xq + r * stride + 4 * k, 4);
-                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), weights);
-            }
-        }
+    if (n == ROWS) {
+        full_block_sums(xq, stride, in, block, sums);
+        return;
     }
-    for (long r = 0; r < n; r++) _mm512_storeu_si512((void *)sums[r], acc[r]);
+    for (long r = 0; r < n; r++) { /* fewer rows (a decoder step's 1-15): one row's sum at a time */
+        __m512i acc = _mm512_setzero_si512();
+        for (long k = 0; k < in / 4; k++) {
+            int32_t four;
+            memcpy(&four, xq + r * stride + 4 * k, 4);
+            acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(four),
+                                      _mm512_loadu_si512((const void *)(block + k * LANES * 4)));
+        }
+        _mm512_storeu_si512((void *)sums[r], acc);
+    }
 #else
     for (long r = 0; r < n; r++) {
         int32_t acc[LANES] = {0};
