@@ -139,7 +139,9 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
     warnings.warn(
-        f"the int8 attention kernel was not built ({failure}); using PyTorch's attention", stacklevel=2
+        f"the int8 attention and linear kernels were not built ({failure}); using PyTorch's attention "
+        "and quantized linears",
+        stacklevel=2,
     )
     return None
 
