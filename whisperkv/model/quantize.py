@@ -46,6 +46,17 @@ def row_scales(weight: torch.Tensor, block: int = 4096) -> torch.Tensor:
     return out.clamp_min(1e-12)
 
 
+def quantize_rows(weight: torch.Tensor, scales: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    """``weight`` [rows, in] as int8 with one scale per row (``row_scales``): round(w / scale) in ±127.
+
+    ``block`` rows at a time, so no float32 temporary of a whole vocabulary table is made."""
+    qweight = torch.empty(weight.shape, dtype=torch.int8)
+    for start in range(0, weight.shape[0], block):
+        rows = slice(start, start + block)
+        qweight[rows] = torch.round(weight[rows].float() / scales[rows, None]).clamp(-127, 127)
+    return qweight
+
+
 class Int8Linear(nn.Module):
     """``y = x W^T + b`` with W stored as int8, one scale per output row (symmetric, no zero point).
 
@@ -65,10 +76,7 @@ class Int8Linear(nn.Module):
         scales = row_scales(weight)
         self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
         if self.kernel is not None:
-            qweight = torch.empty(weight.shape, dtype=torch.int8)
-            for start in range(0, weight.shape[0], 4096):  # in blocks: no float32 temporaries of the table
-                rows = slice(start, start + 4096)
-                qweight[rows] = torch.round(weight[rows] / scales[rows, None]).clamp(-127, 127)
+            qweight = quantize_rows(weight, scales)
             self._row_sums = qweight.sum(dim=1, dtype=torch.int32)
             self._scales = scales
             self._bias = None if bias is None else bias.detach().float().contiguous()
@@ -113,11 +121,9 @@ class Int8Embedding(nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         weight = weight.detach()
-        scale = row_scales(weight)[:, None]
-        qweight = torch.empty(weight.shape, dtype=torch.int8)
-        for start in range(0, weight.shape[0], 4096):  # in blocks: no float32 temporaries of the table
-            rows = slice(start, start + 4096)
-            qweight[rows] = torch.round(weight[rows].float() / scale[rows]).clamp(-127, 127)
+        scale = row_scales(weight)
+        qweight = quantize_rows(weight, scale)
+        scale = scale[:, None]
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.embedding_dim = weight.shape[1]
