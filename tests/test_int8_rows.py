@@ -8,6 +8,8 @@ import shutil
 import pytest
 import torch
 
+from whisperkv.model import int8_rows
+from whisperkv.model.cpu_flags import cpu_has_avx512_vnni
 from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.model.quantize import Int8Linear
 
@@ -18,8 +20,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kernel() -> Int8RowsKernel:
+    if not cpu_has_avx512_vnni():
+        pytest.skip("no AVX512-VNNI: the int8 type keeps fbgemm here")
     built = load_rows_kernel()
-    assert built is not None, "a C compiler is here, so the kernel must build"
+    assert built is not None, "a C compiler and AVX512-VNNI are here, so the kernel must build"
     return built
 
 
@@ -83,7 +87,13 @@ def test_widths_it_cannot_take_keep_fbgemm(kernel):
         kernel.pack(torch.zeros(16, 6, dtype=torch.int8))
 
 
-def test_the_int8_model_uses_it_and_names_it(int8_model):
+def test_without_avx512_vnni_fbgemm_is_kept(monkeypatch):
+    """The plain C loops give the same bits but are slower than fbgemm there: no kernel is offered."""
+    monkeypatch.setattr(int8_rows, "cpu_has_avx512_vnni", lambda: False)
+    assert load_rows_kernel() is None
+
+
+def test_the_int8_model_uses_it_and_names_it(kernel, int8_model):
     """Each row quantised on its own gives other numbers than fbgemm's one scale: the weights digest (every
     cache's provenance) says which."""
     decoder = int8_model.decoder

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from whisperkv.model.cpu_flags import cpu_flags
+
 #: compiled together into one library: the step attention, and the int8 linears' rows (``model/int8_rows.py``)
 SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c"))
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
@@ -107,9 +109,7 @@ def cache_dir() -> Path:
 
 
 def _cpu_id() -> str:
-    from whisperkv.model.quantize import _cpu_flags  # the flags -march=native builds for
-
-    return " ".join(sorted(_cpu_flags()))
+    return " ".join(sorted(cpu_flags()))  # the flags -march=native builds for
 
 
 @functools.cache

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.attention import HeadByHeadAttention, MultiHeadAttention
+from whisperkv.model.cpu_flags import cpu_flags, cpu_has_vnni
 from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.model.whisper import Whisper
 
@@ -132,26 +132,9 @@ class Int8Embedding(nn.Module):
         return self.qweight[tokens].float() * self.scale[tokens]
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def cpu_has_vnni() -> bool:
-    """True when int8 dot products accumulate in 32 bits without saturating (AVX512-VNNI / AVX-VNNI)."""
-    return bool({"avx512_vnni", "avx_vnni"} & _cpu_flags())
-
-
 def cpu_has_fast_bfloat16() -> bool:
     """True when the CPU multiplies bfloat16 matrices natively (AMX or AVX512-BF16)."""
-    return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _replace_linears(module: nn.Module, kernel: Int8RowsKernel | None = None) -> None:
