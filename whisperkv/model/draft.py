@@ -27,6 +27,7 @@ from torch import nn
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel
 from whisperkv.model.attention import attend_through, heads
+from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.model.quantize import Int8Linear
 
 if TYPE_CHECKING:
@@ -47,17 +48,17 @@ class _DraftBlock:
     kernel: AttendKernel | None  # the int8 type's step attention (``model/attend_kernel.py``), if built
 
     @classmethod
-    def of(cls, block: DecoderBlock, kernel: AttendKernel | None) -> _DraftBlock:
+    def of(cls, block: DecoderBlock, kernel: AttendKernel | None, rows: Int8RowsKernel | None) -> _DraftBlock:
         attn, cross = block.attn, block.cross_attn
         up, _, down = block.mlp
         return cls(
             block,
-            Int8Linear(*attn.qkv_parameters()),
-            Int8Linear.from_linear(attn.out),
-            Int8Linear.from_linear(cross.query),
-            Int8Linear.from_linear(cross.out),
-            Int8Linear.from_linear(up),
-            Int8Linear.from_linear(down),
+            Int8Linear(*attn.qkv_parameters(), rows),
+            Int8Linear.from_linear(attn.out, rows),
+            Int8Linear.from_linear(cross.query, rows),
+            Int8Linear.from_linear(cross.out, rows),
+            Int8Linear.from_linear(up, rows),
+            Int8Linear.from_linear(down, rows),
             kernel,
         )
 
@@ -81,9 +82,9 @@ class DraftDecoder:
         #: how many guesses a float32 step checks (each one more row of the step)
         self.per_step = per_step
         with torch.no_grad():
-            kernel = load_kernel()
-            self.blocks = [_DraftBlock.of(block, kernel) for block in decoder.blocks]
-            self.vocabulary = Int8Linear(decoder.token_embedding.weight, None)
+            kernel, rows = load_kernel(), load_rows_kernel()  # the int8 type's own kernels, where built
+            self.blocks = [_DraftBlock.of(block, kernel, rows) for block in decoder.blocks]
+            self.vocabulary = Int8Linear(decoder.token_embedding.weight, None, rows)
 
     @property
     def nbytes(self) -> int:
