@@ -4,7 +4,9 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
 (tests and the benchmark), not assumed. What changes, and why:
 
 * every linear layer of the decoder, and the tied vocabulary projection, keeps its weights as int8
-  with one scale per output row (``Int8Linear``); activations are quantised on the fly, per call.
+  with one scale per output row (``Int8Linear``); activations are quantised on the fly: each row on
+  its own through the C rows kernel (``model/int8_rows.py``) on a CPU with AVX512-VNNI, all the rows
+  of a call with one scale through fbgemm elsewhere.
   A one-token decoder step reads every weight once, so its time follows the bytes read: the
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token.
 * the encoder is compute-bound (1,500 positions per window). On a CPU with native bfloat16 matrix

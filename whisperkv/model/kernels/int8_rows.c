@@ -10,7 +10,8 @@
  *
  * Because each row has its own scale, a row's numbers depend neither on the other rows in the call
  * (fbgemm's did: one scale for them all) nor on the thread count (each output is one integer sum).
- * Without AVX512-VNNI the same layout runs through plain C loops: the same integers, the same result.
+ * Without AVX512-VNNI the same layout runs through plain C loops: the same integers, the same result
+ * (tested), but slower than fbgemm, so model/int8_rows.py offers the kernel only where VNNI is.
  * Built by model/attend_kernel.py, with attend.c, into one library. */
 #include <math.h>
 #include <stdint.h>
@@ -22,7 +23,7 @@
 
 #define LANES 16   /* output rows per weight block: one 512-bit register of int32 sums */
 #define ROWS 16    /* input rows per pass over a weight block (their sums stay in registers) */
-#define MAXIN 5120 /* input width: Whisper's widest is large's MLP, 4 x 1280 */
+#define MAXIN 5120 /* input width: Whisper's widest (large's MLP, 4 x 1280); sums stay < 255*127*5120 */
 
 /* Weights [out, in] (int8, row-major) into blocks [ceil(out/16)][in/4][16][4]; rows past ``out`` are 0. */
 void wkv_int8_pack(const int8_t *w, long out, long in, int8_t *packed)
