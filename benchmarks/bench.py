@@ -66,6 +66,7 @@ class WhisperKV(Engine):
         vad: str = "energy",
         screen: bool = False,
         sdpa: bool = False,
+        hold_end: bool = True,
     ) -> None:
         import whisperkv
         from whisperkv.model.quantize import use_attention_kernels
@@ -79,7 +80,8 @@ class WhisperKV(Engine):
             layout += ", attn kernel"
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if screen else ""
-        self.batched, self.vad = batched, vad
+        self.name += " no hold" if batched and not hold_end else ""
+        self.batched, self.vad, self.hold_end = batched, vad, hold_end
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
         forward, forward_rows = self.model.decoder.forward, self.model.decoder.forward_rows
 
@@ -148,7 +150,13 @@ class WhisperKV(Engine):
             from whisperkv.batched import transcribe_batched
 
             result = transcribe_batched(
-                self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad, language="en"
+                self.model,
+                audio,
+                beam_size=beam_size,
+                batch_size=BATCH_SIZE,
+                vad=self.vad,
+                hold_end=self.hold_end,
+                language="en",
             )
             windows = result["batched"]["windows"] + result["batched"]["fallbacks"]
         else:
@@ -239,6 +247,7 @@ ENGINES = (
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
+    "whisperkv-batched-int8-nohold",
     "faster-whisper-fp32",
     "faster-whisper-int8",
     "faster-whisper-batched-int8",
@@ -259,6 +268,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             vad,
             screen=spec.endswith("-screened"),
             sdpa=spec.endswith("-sdpa"),
+            hold_end=not spec.endswith("-nohold"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
@@ -490,7 +500,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for
-    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa"))]
+    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa", "-nohold"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")

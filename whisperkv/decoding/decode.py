@@ -23,7 +23,13 @@ import torch
 from whisperkv.cache.kv import CrossKV, DecoderCache
 from whisperkv.cache.provenance import EncoderProvenance
 from whisperkv.cache.store import check_reuse
-from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
+from whisperkv.decoding.logit_filters import (
+    LogitFilter,
+    SuppressBlank,
+    SuppressTokens,
+    TimestampRules,
+    hold_end_of_text,
+)
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
 
@@ -165,6 +171,7 @@ def decode_windows(
     cross_kv: list[CrossKV] | None = None,
     generator: torch.Generator | None = None,
     drop_finished: bool = True,
+    end_bounds: list[tuple[int, int]] | None = None,
 ) -> list[DecodingResult]:
     """Decode a batch of windows [n_audio, 1500, d] together: one decoder call per step for all.
 
@@ -175,6 +182,9 @@ def decode_windows(
     steps stop paying for it: a greedy window at its end of text, a beam window once it holds as many
     finished candidates as it keeps (later steps could not change them, nor its result). False keeps
     every window to the last step, as the reference does; the tokens are the same.
+
+    ``end_bounds``: per window, (floor, ceiling) in timestamp indices for ``hold_end_of_text`` (batched
+    mode); None decodes as the reference does.
     """
     check_options(options)
     n_ctx = model.dims.n_text_ctx
@@ -214,6 +224,7 @@ def decode_windows(
     active = torch.arange(n_audio)
     set_aside: dict[int, tuple[list[int], float]] = {}
     beams_aside: dict[int, dict[tuple[int, ...], float]] = {}  # window → its finished candidates
+    bounds = torch.tensor(end_bounds).repeat_interleave(n_group, dim=0) if end_bounds is not None else None
     new = tokens[::n_group]  # what the decoder has not seen yet: the prompt (once a window), then a token
     for step in range(sample_len):
         if cache is not None:
@@ -231,9 +242,13 @@ def decode_windows(
         logits = logits[:, -1].clone()
         if step_logits is not None:
             step_logits.append(logits.clone().cpu())
-        for f in filters:
-            f.apply(logits, tokens)
-        tokens, completed, sources = searcher.update(tokens, logits, sum_logprobs)
+        if bounds is not None:
+            sampled = tokens[:, sample_begin:]
+            hold_end_of_text(logits, sampled, bounds, tokenizer.timestamp_begin, tokenizer.eot)
+        logprobs = None
+        for f in filters:  # the last filter's log-softmax, if it made one, is the search's too
+            logprobs = f.apply(logits, tokens)
+        tokens, completed, sources = searcher.update(tokens, logits, sum_logprobs, logprobs)
         if step_tokens is not None:
             step_tokens.append(tokens[:, -1].tolist())
         if sources is not None and cache is not None:
@@ -248,6 +263,7 @@ def decode_windows(
                     set_aside[int(active[i])] = (tokens[i].tolist(), float(sum_logprobs[i]))
                 keep = (~done).nonzero().flatten()
                 tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[keep]
+                bounds = bounds[keep] if bounds is not None else None
                 cache.keep_rows(keep.to(model.device))
         if compact_beams:
             assert isinstance(searcher, BeamSearch) and searcher.finished is not None and cache is not None
@@ -259,6 +275,7 @@ def decode_windows(
                 searcher.finished = [searcher.finished[a] for a in windows.tolist()]
                 keep = (windows[:, None] * n_group + torch.arange(n_group)).flatten()
                 tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[windows]
+                bounds = bounds[keep] if bounds is not None else None
                 cache.keep_rows(keep.to(model.device), windows.to(model.device))
         new = tokens[:, -1:]
 

@@ -5,6 +5,8 @@
 * ``TimestampRules`` — timestamps come in pairs and never go backwards; the first token is a
   timestamp no later than ``max_initial_timestamp``; a timestamp is forced when the timestamps'
   total probability beats every single text token.
+* ``hold_end_of_text`` — batched mode only: no end of text while a window's decoded text ends
+  before the speech its detector found (``whisperkv.batched``).
 """
 
 from __future__ import annotations
@@ -105,3 +107,41 @@ class TimestampRules(LogitFilter):
             logits[:, :ts] = NEG_INF  # the first token is a timestamp
             if self.max_initial_index is not None:
                 logits[:, ts + self.max_initial_index + 1 :] = NEG_INF
+
+
+def hold_end_of_text(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    bounds: torch.Tensor,
+    timestamp_begin: int,
+    eot: int,
+    sure: float = 0.9,
+) -> None:
+    """No end of text for rows whose decoded text ends before their floor, unless the decoder gives end
+    of text a probability over ``sure``; while held, no timestamp past their ceiling. ``bounds``
+    [rows, 2]: (floor, ceiling) in timestamp indices; ``tokens`` the sampled tokens only [rows, n].
+
+    Where the text ends is the last timestamp that closed text: the last token, or the one before an
+    opening timestamp. A row whose last token is text is not held (its window counts as decoded to its
+    end, as the seek rule reads it). Why a ceiling: held after text that ends early, the decoder can
+    open a segment past the audio (29.88 s in a 27 s window) and so give no end of text anywhere useful.
+    The floor is at most the ceiling, so a held row always has an allowed token. Why ``sure``: what the
+    detector calls speech is sometimes breath or noise; held there, the decoder wrote "You" in the last
+    0.3 s of a chunk, where it gave end of text 0.91-0.97 (tiny.en, beam 5). Where it had stopped a
+    sentence early it gave 0.33-0.63.
+    """
+    n = tokens.shape[1]
+    if n < 2:  # nothing but the opening timestamp yet: the rules force text next
+        return
+    last, before = tokens[:, -1], tokens[:, -2]
+    end = torch.where(before >= timestamp_begin, before, last) - timestamp_begin
+    held = (last >= timestamp_begin) & (end < bounds[:, 0])
+    if not bool(held.any()):
+        return
+    rows = held.nonzero().flatten()
+    p_end = logits[rows].float().log_softmax(dim=-1)[:, eot].exp()
+    held[rows[p_end > sure]] = False
+    logits[held, eot] = NEG_INF
+    stamps = torch.arange(logits.shape[1] - timestamp_begin)
+    past = held[:, None] & (stamps[None, :] > bounds[:, 1:2])
+    logits[:, timestamp_begin:].masked_fill_(past, NEG_INF)
