@@ -2,6 +2,7 @@
 
 * fused query/key/value projection: bit-identical to the three separate layers, also after ``.to()``;
 * numpy argmax for greedy picks exactly what ``torch.argmax`` picks, ties and -inf included;
+* the timestamp rule's log-softmax, redone for its forced rows only, is the one of the logits it left;
 * a window encoded inside a batch (groups of ``CPU_ENCODER_GROUP``) gets exactly the features it gets
   encoded alone;
 * the int8 compute type: int8 per-row linears within their quantisation error, and transcripts that
@@ -15,6 +16,7 @@ import torch
 
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from whisperkv.decoding.logit_filters import TimestampRules
 from whisperkv.decoding.search import argmax_rows
 from whisperkv.metrics import word_errors
 from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
@@ -61,6 +63,29 @@ def test_argmax_rows_matches_torch_including_ties_and_masked_entries():
     logits[3] = 0.0
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert argmax_rows(logits)[2] == 7
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_timestamp_rule_log_softmax_is_the_one_of_the_logits_it_left(rows, threads):
+    ts, eot = 50364, 50256
+    rule = TimestampRules(ts, eot, 50362, sample_begin=3, max_initial_timestamp_index=50)
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 51864, generator=g) * 3
+    logits[:, ts:] -= 8  # text outweighs the timestamps...
+    logits[::3, ts:] += 16  # ...except in these rows: forced
+    tokens = torch.randint(0, 50000, (rows, 20), generator=g)
+    tokens[:, :3], tokens[:, 3] = 50257, ts
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        logprobs = rule.apply(logits, tokens)
+        expected = torch.nn.functional.log_softmax(logits.float(), dim=-1)  # what the search would compute
+    finally:
+        torch.set_num_threads(before)
+    assert torch.isinf(logits[::3, :ts]).all()  # the forced rows lost their text tokens
+    assert rows == 1 or not torch.isinf(logits[1::3, :eot]).any()  # the others kept theirs
+    assert torch.equal(logprobs, expected)
 
 
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])

@@ -66,12 +66,15 @@ class TimestampRules(LogitFilter):
         self.sample_begin = sample_begin
         self.max_initial_index = max_initial_timestamp_index
 
-    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         self.suppress(logits, tokens)
         force, logprobs = self._forced(logits)
         if force.any():
             logits[force, : self.ts] = NEG_INF
-            return None  # the logits changed after their log-softmax
+            # only the forced rows changed: their log-softmax again (a row's does not depend on the
+            # others in the call: tested), not every row's as the search would
+            rows = force.nonzero().flatten()
+            logprobs[rows] = torch.log_softmax(logits[rows].float(), dim=-1)
         return logprobs
 
     def forced(self, logits: torch.Tensor) -> torch.Tensor:
