@@ -92,37 +92,48 @@ class BeamSearch:
         top_logprobs, top_ids = logprobs.topk(self.beam_size + 1, dim=-1)
         # every candidate's score as a float32 sum, rounded exactly as accumulating on the tensor would
         candidate_scores = (sum_logprobs.cpu().float()[:, None] + top_logprobs.cpu()).numpy()
-        prefixes, top_ids = tokens.tolist(), top_ids.tolist()
-        rows: list[list[int]] = []
+        top_ids = top_ids.tolist()
+        # a candidate is (its prefix, its token); identical prefixes (every beam of a window after the
+        # prompt) share one id, so keys compare and hash as the reference's whole sequences do, with the
+        # same insertion order and overwrites, without building a tuple of every candidate's tokens
+        prefix_ids: dict[tuple[int, ...], int] = {}
+        prefix_of: list[int] = []
+        for row in tokens.tolist():
+            prefix_of.append(prefix_ids.setdefault(tuple(row), len(prefix_ids)))
         sources: list[int] = []
+        next_tokens: list[int] = []
+        scores_kept: list[float] = []
         for a in range(n_audio):
-            scores: dict[tuple[int, ...], float] = {}
-            parent: dict[tuple[int, ...], int] = {}
+            scores: dict[tuple[int, int], float] = {}
+            parent: dict[tuple[int, int], int] = {}
             for b in range(self.beam_size):
                 row = a * self.beam_size + b
                 for score, tok in zip(candidate_scores[row].tolist(), top_ids[row]):
-                    seq = tuple(prefixes[row] + [tok])
-                    scores[seq] = score
-                    parent[seq] = row
+                    key = (prefix_of[row], tok)
+                    scores[key] = score
+                    parent[key] = row
             kept = 0
-            newly_finished: dict[tuple[int, ...], float] = {}
-            for seq in sorted(scores, key=scores.get, reverse=True):
-                if seq[-1] == self.eot:
-                    newly_finished[seq] = scores[seq]
+            newly_finished: dict[tuple[int, int], float] = {}
+            for key in sorted(scores, key=scores.get, reverse=True):
+                if key[1] == self.eot:
+                    newly_finished[key] = scores[key]
                     continue
-                sum_logprobs[len(rows)] = scores[seq]
-                rows.append(list(seq))
-                sources.append(parent[seq])
+                scores_kept.append(scores[key])
+                sources.append(parent[key])
+                next_tokens.append(key[1])
                 kept += 1
                 if kept == self.beam_size:
                     break
             done = self.finished[a]
-            for seq in sorted(newly_finished, key=newly_finished.get, reverse=True):
+            for key in sorted(newly_finished, key=newly_finished.get, reverse=True):
                 if len(done) >= self.max_candidates:
                     break
-                done[seq] = newly_finished[seq]
+                done[tuple(tokens[parent[key]].tolist()) + (key[1],)] = newly_finished[key]
+        sum_logprobs[: len(scores_kept)] = torch.tensor(scores_kept, dtype=sum_logprobs.dtype)
+        source_rows = torch.tensor(sources)
+        rows = torch.cat([tokens[source_rows.to(tokens.device)], torch.tensor(next_tokens)[:, None]], dim=-1)
         completed = all(len(done) >= self.max_candidates for done in self.finished)
-        return torch.tensor(rows, device=tokens.device), completed, torch.tensor(sources)
+        return rows.to(tokens.device), completed, source_rows
 
     def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
         """Top up audios with fewer than ``beam_size`` finished candidates from the live beams."""
