@@ -68,6 +68,8 @@ class WhisperKV(Engine):
         sdpa: bool = False,
         hold_end: bool = True,
     ) -> None:
+        import torch
+
         import whisperkv
         from whisperkv.model.quantize import use_attention_kernels
         from whisperkv.model.vocab import current_layout
@@ -76,8 +78,12 @@ class WhisperKV(Engine):
         if sdpa:  # the int8 type's attention as before round 6: PyTorch's SDPA everywhere
             use_attention_kernels(self.model, on=False)
         layout = current_layout(self.model.decoder)
+        if any(getattr(m, "kernel", None) is not None for m in self.model.decoder.blocks[0].mlp.modules()):
+            layout += " rows kernel"
         if self.model.decoder.attention_kernel is not None:
             layout += ", attn kernel"
+        if self.model.decoder.kv_dtype == torch.bfloat16:
+            layout += ", bf16 caches"
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if screen else ""
         self.name += " no hold" if batched and not hold_end else ""
