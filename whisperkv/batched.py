@@ -128,9 +128,11 @@ def window_segments(
 
 
 def _end_bounds(speech: np.ndarray, chunk: Chunk, window: Chunk) -> tuple[int, int]:
-    """(floor, ceiling) for ``hold_end_of_text``, timestamp indices in ``window`` (a 20 ms frame is one):
-    the floor is the first frame after which the chunk has too little speech left to be decoded again
-    (the rest rule: ``MIN_REST_SPEECH``, ``MIN_REST_SECONDS``), the ceiling the chunk's end."""
+    """(floor, ceiling), timestamp indices in ``window`` (a 20 ms frame is one). The floor is the first
+    frame from which the chunk's rest is not worth a window of its own: under ``MIN_REST_SPEECH`` speech
+    frames or ``MIN_REST_SECONDS`` left (both only shrink as the frame moves on). A window whose text ends
+    before it has its rest decoded again; ``hold_end_of_text`` holds end of text before it. The ceiling
+    is the chunk's end."""
     frames = speech[window.start // FRAME : chunk.end // FRAME].astype(np.int64)
     after = np.cumsum(frames[::-1])[::-1]  # speech frames from each frame to the chunk's end
     left = len(frames) - np.arange(len(frames))  # frames from each frame to the chunk's end
@@ -212,10 +214,8 @@ def transcribe_batched(
         features = model.embed_audio(mels)
         # one Cross-KV row per window; its provenance names the whole batch (every window's Mel, the span)
         batch_provenance = model.encoder_provenance(mels, windows[0].start, windows[-1].end)
-        # end of text is held while the detector hears speech after the decoded text (``hold_end``)
-        bounds = None
-        if timestamps and hold_end:
-            bounds = [_end_bounds(speech, chunk, w) for (chunk, _, _), w in zip(group, windows)]
+        # where each window's rest stops being worth a window; end of text is held before it (``hold_end``)
+        bounds = [_end_bounds(speech, chunk, w) for (chunk, _, _), w in zip(group, windows)]
         # the Cross-KV is passed, not kept: as windows finish, the cache replaces it with the rows left
         results = decode_windows(
             model,
@@ -223,7 +223,7 @@ def transcribe_batched(
             features,
             options,
             model.decoder.project_cross_kv(features, batch_provenance),
-            end_bounds=bounds,
+            end_bounds=bounds if timestamps and hold_end else None,
         )
         for k, ((chunk, _, done), window, result) in enumerate(zip(group, windows, results)):
             too_repetitive = (
@@ -273,16 +273,11 @@ def transcribe_batched(
                             "no_speech_prob": result.no_speech_prob,
                         }
                     )
-            rest = speech[next_seek // FRAME : chunk.end // FRAME]
             if split is not None:
                 next_seek, middle = split
                 pending.append((Chunk(next_seek, middle), next_seek, done + 1))
                 pending.append((Chunk(middle, chunk.end), middle, done + 1))
-            elif (
-                int(rest.sum()) >= MIN_REST_SPEECH
-                and chunk.end - next_seek >= MIN_REST_SECONDS * SAMPLE_RATE
-                and done + 1 < MAX_WINDOWS
-            ):
+            elif next_seek < window.start + bounds[k][0] * FRAME and done + 1 < MAX_WINDOWS:
                 pending.append((chunk, next_seek, done + 1))  # the rest, decoded again from the last stamp
             else:
                 next_seek = chunk.end

@@ -96,10 +96,9 @@ class BeamSearch:
         # a candidate is (its prefix, its token); identical prefixes (every beam of a window after the
         # prompt) share one id, so keys compare and hash as the reference's whole sequences do, with the
         # same insertion order and overwrites, without building a tuple of every candidate's tokens
+        prefixes = tokens.tolist()
         prefix_ids: dict[tuple[int, ...], int] = {}
-        prefix_of: list[int] = []
-        for row in tokens.tolist():
-            prefix_of.append(prefix_ids.setdefault(tuple(row), len(prefix_ids)))
+        prefix_of = [prefix_ids.setdefault(tuple(row), len(prefix_ids)) for row in prefixes]
         sources: list[int] = []
         next_tokens: list[int] = []
         scores_kept: list[float] = []
@@ -128,12 +127,13 @@ class BeamSearch:
             for key in sorted(newly_finished, key=newly_finished.get, reverse=True):
                 if len(done) >= self.max_candidates:
                     break
-                done[tuple(tokens[parent[key]].tolist()) + (key[1],)] = newly_finished[key]
+                done[tuple(prefixes[parent[key]]) + (key[1],)] = newly_finished[key]
         sum_logprobs[: len(scores_kept)] = torch.tensor(scores_kept, dtype=sum_logprobs.dtype)
         source_rows = torch.tensor(sources)
-        rows = torch.cat([tokens[source_rows.to(tokens.device)], torch.tensor(next_tokens)[:, None]], dim=-1)
+        chosen = torch.tensor(next_tokens, dtype=tokens.dtype, device=tokens.device)
+        rows = torch.cat([tokens[source_rows.to(tokens.device)], chosen[:, None]], dim=-1)
         completed = all(len(done) >= self.max_candidates for done in self.finished)
-        return rows.to(tokens.device), completed, source_rows
+        return rows, completed, source_rows
 
     def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
         """Top up audios with fewer than ``beam_size`` finished candidates from the live beams."""
