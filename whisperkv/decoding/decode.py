@@ -266,13 +266,13 @@ def decode_windows(
                 bounds = bounds[keep] if bounds is not None else None
                 cache.keep_rows(keep.to(model.device))
         if compact_beams:
-            assert isinstance(searcher, BeamSearch) and searcher.finished is not None and cache is not None
-            full = [len(done) >= searcher.max_candidates for done in searcher.finished]
-            if any(full):
-                for a in (a for a, f in enumerate(full) if f):
-                    beams_aside[int(active[a])] = searcher.finished[a]
-                windows = torch.tensor([a for a, f in enumerate(full) if not f])
-                searcher.finished = [searcher.finished[a] for a in windows.tolist()]
+            assert isinstance(searcher, BeamSearch) and cache is not None
+            full = searcher.full_windows()
+            if full:
+                stay = [a for a in range(len(active)) if a not in full]
+                for a, done in zip(full, searcher.keep_windows(stay), strict=True):
+                    beams_aside[int(active[a])] = done
+                windows = torch.tensor(stay)
                 keep = (windows[:, None] * n_group + torch.arange(n_group)).flatten()
                 tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[windows]
                 bounds = bounds[keep] if bounds is not None else None
@@ -290,7 +290,7 @@ def decode_windows(
     if beams_aside:  # every window's candidates in place again; a window set aside needs no live rows
         assert isinstance(searcher, BeamSearch) and searcher.finished is not None
         live = dict(zip(active.tolist(), searcher.finished, strict=True))
-        searcher.finished = [beams_aside[a] if a in beams_aside else live[a] for a in range(n_audio)]
+        searcher.restore_windows([beams_aside[a] if a in beams_aside else live[a] for a in range(n_audio)])
         rows = torch.full((n_audio * n_group, tokens.shape[-1]), eot, dtype=tokens.dtype)
         sums = torch.zeros(n_audio * n_group)
         at = (active[:, None] * n_group + torch.arange(n_group)).flatten()

@@ -135,6 +135,24 @@ class BeamSearch:
         completed = all(len(done) >= self.max_candidates for done in self.finished)
         return rows, completed, source_rows
 
+    def full_windows(self) -> list[int]:
+        """The windows holding as many finished candidates as they keep: later steps cannot change them."""
+        assert self.finished is not None
+        return [a for a, done in enumerate(self.finished) if len(done) >= self.max_candidates]
+
+    def keep_windows(self, windows: list[int]) -> list[dict[tuple[int, ...], float]]:
+        """Search only ``windows`` (indices among the current ones) from now on, as when the others leave a
+        batch; returns the finished candidates of the ones that left, in their order."""
+        assert self.finished is not None
+        kept = set(windows)
+        left = [done for a, done in enumerate(self.finished) if a not in kept]
+        self.finished = [self.finished[a] for a in windows]
+        return left
+
+    def restore_windows(self, finished: list[dict[tuple[int, ...], float]]) -> None:
+        """Every window's finished candidates again, in the batch's order (those that left included)."""
+        self.finished = finished
+
     def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
         """Top up audios with fewer than ``beam_size`` finished candidates from the live beams."""
         assert self.finished is not None
