@@ -124,7 +124,7 @@ def test_without_a_compiler_there_is_no_kernel(tmp_path, monkeypatch):
 
 def test_a_failed_build_warns_and_leaves_sdpa(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    with pytest.warns(UserWarning, match="attention and linear kernels were not built"):
+    with pytest.warns(UserWarning, match="kernels .* were not built"):
         assert load_kernel.__wrapped__(tmp_path) is None
 
 

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from whisperkv.decoding.top_k import top_k
+
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """Index of each row's largest logit (the first one on ties), like ``logits.argmax(-1)``.
@@ -89,7 +91,7 @@ class BeamSearch:
             self.finished = [{} for _ in range(n_audio)]
         if logprobs is None:
             logprobs = F.log_softmax(logits.float(), dim=-1)
-        top_logprobs, top_ids = logprobs.topk(self.beam_size + 1, dim=-1)
+        top_logprobs, top_ids = top_k(logprobs, self.beam_size + 1)  # torch.topk's, faster
         # every candidate's score as a float32 sum, rounded exactly as accumulating on the tensor would
         candidate_scores = (sum_logprobs.cpu().float()[:, None] + top_logprobs.cpu()).numpy()
         top_ids = top_ids.tolist()

@@ -36,8 +36,11 @@ import torch
 
 from whisperkv.model.cpu_flags import cpu_flags
 
-#: compiled together into one library: the step attention, and the int8 linears' rows (``model/int8_rows.py``)
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c"))
+#: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``)
+#: and beam search's top k (``decoding/top_k.py``)
+SOURCES = tuple(
+    Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c", "top_k.c")
+)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
@@ -139,8 +142,8 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
     warnings.warn(
-        f"the int8 attention and linear kernels were not built ({failure}); using PyTorch's attention "
-        "and quantized linears",
+        f"the C kernels (int8 attention and linears, beam search's top k) were not built ({failure}); "
+        "using PyTorch's attention, quantized linears and topk",
         stacklevel=2,
     )
     return None
