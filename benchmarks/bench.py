@@ -71,11 +71,11 @@ class WhisperKV(Engine):
         import torch
 
         import whisperkv
-        from whisperkv.model.quantize import use_attention_kernels
+        from whisperkv.model.attend_kernel import use_attention_kernels
         from whisperkv.model.vocab import current_layout
 
         self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
-        if sdpa:  # the int8 type's attention as before round 6: PyTorch's SDPA everywhere
+        if sdpa:  # PyTorch's SDPA everywhere: int8 as before round 6, float32 as before round 9
             use_attention_kernels(self.model, on=False)
         layout = current_layout(self.model.decoder)
         if any(getattr(m, "kernel", None) is not None for m in self.model.decoder.blocks[0].mlp.modules()):
@@ -246,6 +246,7 @@ class OpenAIWhisper(Engine):
 
 ENGINES = (
     "whisperkv-fp32",
+    "whisperkv-fp32-sdpa",
     "whisperkv-fp32-screened",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",

@@ -69,7 +69,7 @@ def main() -> int:
     print(describe(args.threads))
     model = whisperkv.load_model(args.model, compute_type=args.compute_type, vocab_screen=True)
     if args.sdpa:
-        from whisperkv.model.quantize import use_attention_kernels
+        from whisperkv.model.attend_kernel import use_attention_kernels
 
         use_attention_kernels(model, on=False)
     decoder = model.decoder

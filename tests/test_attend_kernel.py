@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from whisperkv.model import attend_kernel
-from whisperkv.model.attend_kernel import AttendKernel, load_kernel
+from whisperkv.model.attend_kernel import AttendKernel, load_kernel, use_attention_kernels
 from whisperkv.model.attention import HeadByHeadAttention, attend
-from whisperkv.model.quantize import use_attention_kernels
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -138,18 +137,19 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
     assert built is not None and built.path.parent == tmp_path / "tmp" / f"whisperkv-{os.getuid()}"
 
 
-def test_only_the_int8_type_uses_it(tiny_model, int8_model, kernel):
-    """float32 steps stay SDPA's (the reference's exact twins); the int8 type's go through the kernel."""
-    assert tiny_model.decoder.attention_kernel is None
-    assert all(b.attn.kernel is None and b.cross_attn.kernel is None for b in tiny_model.decoder.blocks)
-    assert int8_model.decoder.attention_kernel is kernel
-    assert all(b.cross_attn.kernel is kernel for b in int8_model.decoder.blocks)
+def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
+    """float32 and int8 decoder steps attend through the kernel; the float32 encoder keeps SDPA, the int8
+    type's bfloat16 encoder goes head by head."""
+    for model in (tiny_model, int8_model):
+        assert model.decoder.attention_kernel is kernel
+        assert all(b.attn.kernel is kernel and b.cross_attn.kernel is kernel for b in model.decoder.blocks)
+    assert tiny_model.decoder.kv_dtype is None  # float32 caches
     encoder_attention = int8_model.encoder.blocks[0].attn.kernel
     if int8_model.encoder_dtype == torch.bfloat16:  # 1,500 queries: head by head, not the step kernel
         assert isinstance(encoder_attention, HeadByHeadAttention)
     else:
         assert encoder_attention is None
-    assert tiny_model.encoder.blocks[0].attn.kernel is None
+    assert all(b.attn.kernel is None for b in tiny_model.encoder.blocks)
 
 
 def test_head_by_head_attention_is_sdpas_to_bfloat16_rounding():
@@ -190,10 +190,43 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     finally:
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
-    assert "+attention(" not in tiny_model.weights_digest
-    with pytest.raises(ValueError, match="only the int8 compute type"):
-        use_attention_kernels(tiny_model)  # float32 stays the reference's exact twin
-    assert tiny_model.decoder.attention_kernel is None and "+attention(" not in tiny_model.weights_digest
+    float32 = tiny_model.weights_digest
+    assert float32.endswith("+attention(decoder kernel, encoder sdpa)") and float32.count("+attention(") == 1
+    try:
+        use_attention_kernels(tiny_model, on=False)  # SDPA: the reference's attention, the plain digest
+        assert "+attention(" not in tiny_model.weights_digest
+        assert float32.startswith(tiny_model.weights_digest)
+        assert tiny_model.decoder.attention_kernel is None
+    finally:
+        use_attention_kernels(tiny_model)
+    assert tiny_model.weights_digest == float32
+
+
+def test_only_cpu_float32_and_int8_models_take_it(tiny_model):
+    import whisperkv
+
+    half = whisperkv.load_model("tiny.en", compute_type="float16")
+    with pytest.raises(ValueError, match="float32 and int8 models on the CPU, not torch.float16"):
+        use_attention_kernels(half)
+    assert half.decoder.attention_kernel is None and "+attention(" not in half.weights_digest
+
+
+def test_float32_tokens_with_the_kernel_are_sdpas(tiny_model, speech_dir):
+    """The slow twin of the float32 step's attention: SDPA, the reference's own. Greedy and beam 5 give
+    the same tokens either way (their logits differ by the order of the kernel's sums)."""
+    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac"]
+    tokens: dict[str, list] = {}
+    try:
+        for mode in ("sdpa", "kernel"):
+            use_attention_kernels(tiny_model, on=mode == "kernel")
+            tokens[mode] = [
+                [s["tokens"] for s in tiny_model.transcribe(str(speech_dir / c), beam_size=beam)["segments"]]
+                for c in clips
+                for beam in (None, 5)
+            ]
+    finally:
+        use_attention_kernels(tiny_model)
+    assert tokens["kernel"] == tokens["sdpa"]
 
 
 def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from whisperkv.model.attend_kernel import use_attention_kernels
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.row_gemm import adopt_row_gemm
 from whisperkv.model.vocab import DEFAULT_LAYOUT, LAYOUTS, apply_layout, choose_layout
@@ -124,6 +125,8 @@ def load_model(
         from whisperkv.model.quantize import quantize_int8
 
         quantize_int8(model)
+    elif str(device) == "cpu" and dtype == torch.float32:
+        use_attention_kernels(model)  # decoder steps through the C kernel where a compiler builds it
     return model
 
 

@@ -1,4 +1,4 @@
-"""The int8 compute type's attention for decoder steps: a small C kernel (``kernels/attend.c``).
+"""Decoder steps' attention: a small C kernel (``kernels/attend.c``), and which attention a model runs.
 
 Why: a decoder step attends 1-16 new rows per window (one per beam) over up to 1,500 cached positions.
 ``scaled_dot_product_attention`` runs that through a blocked flash kernel made for long queries; the
@@ -7,9 +7,12 @@ kernel here makes one pass over each head's keys and one over its values for all
 cache): one query over a window's Cross-KV 180 µs against 244, five queries (beam 5) 254 against 478,
 five windows of five beams (batched mode) 1,121 against 2,353.
 
-Why only the int8 type: its sums run in another order than SDPA's, so its outputs differ in the last
-bits (2-5e-7). The float32 paths stay the reference's exact twins; the int8 type is an approximation
-whose agreement is measured anyway (tests, ``benchmarks/bench.py``).
+Both CPU compute types use it (``use_attention_kernels``, below): the int8 type since round 6, float32
+since round 9. Its sums run in another order than SDPA's, so its outputs differ in the last bits
+(2-5e-7), as the float32 row GEMMs' do (``model/row_gemm.py``): float32 transcripts stay the
+reference's token for token (parity tests, ``verify``, and SDPA kept as the kernel's slow twin in the
+tests). Measured in one process, interleaved, tiny.en float32 on 120 s of utterances (scratch): greedy
+4.08 against 4.29 s, beam 5 6.31 against 7.21 s, the same tokens; base 7.42 / 7.78 and 10.40 / 10.93.
 
 Why built here, on first use: ``-march=native`` for the CPU it runs on, and a C compiler is all it
 needs (no Python headers). The library holds the int8 linears' kernel too (``kernels/int8_rows.c``,
@@ -31,10 +34,15 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags
+
+if TYPE_CHECKING:
+    from whisperkv.model.whisper import Whisper
 
 #: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``)
 #: and beam search's top k (``decoding/top_k.py``)
@@ -60,6 +68,12 @@ class AttendKernel:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] * 10
             fn.argtypes += [ctypes.c_float]
+
+    def __deepcopy__(self, memo: dict) -> AttendKernel:
+        return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
+
+    def __reduce__(self) -> tuple:
+        return (load_kernel, ())  # another process loads (or builds) its own
 
     def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
         """Whether ``q`` [B, 1, d] (float32) over ``k``/``v`` [Bk, H, T, 64] (float32 or bfloat16) is a
@@ -163,3 +177,45 @@ def _build(compiler: str, path: Path) -> Path:
             )
             os.replace(built, path)
     return path
+
+
+ATTENTION_MARK = "+attention("  # which attention made a model's numbers, in its weights digest
+
+
+def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool = True) -> None:
+    """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
+
+    Decoder steps attend through the C kernel where it builds, for both CPU compute types: float32
+    (``load_model`` turns it on) and int8. The int8 type also holds its Self-KV and Cross-KV in
+    bfloat16 (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
+    bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
+    call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
+    (``attention.HeadByHeadAttention``). The float32 encoder keeps SDPA.
+
+    The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
+    (``model/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
+    ``verify``, and a test of the kernel against SDPA on the same model). The choice changes the
+    model's numbers, so it is part of the weights digest every cache's provenance carries: an encoder
+    output or a cache made one way is never taken for one made the other way (across the trust
+    boundary, too). A float32 model with SDPA keeps its plain digest."""
+    int8 = model.compute_type == "int8"
+    if not int8 and (model.device.type != "cpu" or model.dtype != torch.float32):
+        raise ValueError(
+            f"the attention kernel is for float32 and int8 models on the CPU, not {model.dtype} "
+            f"on {model.device.type}"
+        )
+    kernel = load_kernel() if on else None
+    for block in model.decoder.blocks:
+        block.attn.kernel = block.cross_attn.kernel = kernel
+    caches = int8 and kernel is not None and bfloat16_caches
+    model.decoder.kv_dtype = torch.bfloat16 if caches else None
+    head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16
+    for block in model.encoder.blocks:
+        block.attn.kernel = HeadByHeadAttention() if head_by_head else None
+    digest = model.weights_digest.split(ATTENTION_MARK)[0]
+    if not int8 and kernel is None:
+        model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
+        return
+    decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
+    encoder = "head-by-head" if head_by_head else "sdpa"
+    model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"

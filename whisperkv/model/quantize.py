@@ -29,8 +29,8 @@ import warnings
 import torch
 from torch import nn
 
-from whisperkv.model.attend_kernel import load_kernel
-from whisperkv.model.attention import HeadByHeadAttention, MultiHeadAttention
+from whisperkv.model.attend_kernel import use_attention_kernels
+from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags, cpu_has_vnni
 from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.model.row_int8 import quantize_rows, row_scales
@@ -127,38 +127,6 @@ def _replace_linears(module: nn.Module, kernel: Int8RowsKernel | None = None) ->
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear.from_linear(child, kernel))
-
-
-ATTENTION_MARK = "+attention("  # the int8 type's attention, in the weights digest
-
-
-def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool = True) -> None:
-    """The int8 type's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``, as before
-    round 6): decoder steps through the C kernel where it builds (``model/attend_kernel.py``), a
-    bfloat16 encoder head by head (``attention.HeadByHeadAttention``).
-
-    ``bfloat16_caches``: with the kernel, the Self-KV and Cross-KV are held in bfloat16 (round 7). A
-    step reads every cached key and value once, so half the bytes is most of its attention's time
-    (``benchmarks/attend_kernel.py``). SDPA was slower over bfloat16 caches than over float32 ones
-    (294 against 110 us a call), so without the kernel they stay float32.
-
-    Both change the model's numbers (the encoder's output, the decoder's Self-KV), so the choice is
-    part of the weights digest every cache's provenance carries: an encoder output or a cache made one
-    way is never taken for one made the other way (across the trust boundary, too)."""
-    if model.compute_type != "int8":  # float32 stays SDPA: the reference's exact twin
-        raise ValueError(f"only the int8 compute type has attention of its own, not {model.compute_type}")
-    kernel = load_kernel() if on else None
-    for block in model.decoder.blocks:
-        block.attn.kernel = block.cross_attn.kernel = kernel
-    caches = kernel is not None and bfloat16_caches
-    model.decoder.kv_dtype = torch.bfloat16 if caches else None
-    head_by_head = on and model.encoder_dtype == torch.bfloat16
-    for block in model.encoder.blocks:
-        block.attn.kernel = HeadByHeadAttention() if head_by_head else None
-    digest = model.weights_digest.split(ATTENTION_MARK)[0]
-    decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
-    encoder = "head-by-head" if head_by_head else "sdpa"
-    model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
 
 
 def quantize_int8(
