@@ -239,7 +239,7 @@ def decode_windows(
             logits = logits[:, [sot_index, sample_begin - 1]] if step == 0 else logits
         if step == 0:
             no_speech_probs = logits[::n_group, 0].softmax(dim=-1)[:, tokenizer.no_speech].tolist()
-        logits = logits[:, -1].clone()
+        logits = logits[:, -1].contiguous()  # the decoder's fresh output, edited in place: not copied again
         if step_logits is not None:
             step_logits.append(logits.clone().cpu())
         if bounds is not None:
