@@ -34,9 +34,9 @@ def _kernel_fn() -> ctypes._CFuncPtr | None:
     return fn
 
 
-def top_k(x: torch.Tensor, k: int, use_kernel: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k, dim=-1)`` for a [rows, n] float32 CPU tensor, the same values and indices."""
-    fn = _kernel_fn() if use_kernel else None
+    fn = _kernel_fn()
     if (
         fn is None
         or x.dim() != 2
@@ -50,7 +50,9 @@ def top_k(x: torch.Tensor, k: int, use_kernel: bool = True) -> tuple[torch.Tenso
     values = torch.empty(rows, k, dtype=torch.float32)
     indices = torch.empty(rows, k, dtype=torch.long)
     tied = torch.empty(rows, dtype=torch.int32)
-    fn(x.data_ptr(), rows, x.shape[1], x.stride(0), k, values.data_ptr(), indices.data_ptr(), tied.data_ptr())
+    pointers = (values.data_ptr(), indices.data_ptr(), tied.data_ptr())
+    if fn(x.data_ptr(), rows, x.shape[1], x.stride(0), k, *pointers):  # the checks above keep this away
+        raise ValueError(f"the top-k kernel does not take k = {k}")
     if bool(tied.any()):  # equal values among a row's best: torch.topk's own order for those rows
         again = tied.nonzero().flatten()
         values[again], indices[again] = x[again].topk(k, dim=-1)

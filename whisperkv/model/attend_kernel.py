@@ -156,8 +156,8 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
     warnings.warn(
-        f"the C kernels (int8 attention and linears, beam search's top k) were not built ({failure}); "
-        "using PyTorch's attention, quantized linears and topk",
+        f"the C kernels (decoder steps' attention, int8 linears, beam search's top k) were not built "
+        f"({failure}); using PyTorch's attention, quantized linears and topk",
         stacklevel=2,
     )
     return None
