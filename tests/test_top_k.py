@@ -121,3 +121,21 @@ def test_each_version_of_the_kernel_gives_the_same_answers(tmp_path: Path, flags
         for row in tied.nonzero().flatten().tolist():
             best = x[row].topk(min(k + 1, x.shape[1])).values
             assert x.shape[1] <= k or bool((best[:-1] == best[1:]).any() or best.isnan().sum() > 1)
+
+
+def test_without_the_kernel_every_row_goes_through_torch_topk(monkeypatch):
+    """No compiler, no library: ``top_k`` is ``torch.topk`` itself (beam search unchanged)."""
+    monkeypatch.setattr(top_k_module, "_kernel_fn", lambda: None)
+    calls: list[int] = []
+    original = torch.Tensor.topk
+
+    def counting_topk(self, *args, **kwargs):  # noqa: ANN001, ANN202 - torch.Tensor.topk's signature
+        calls.append(self.shape[0])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "topk", counting_topk)
+    x, k = _cases()[-3]  # the real width
+    got = top_k(x, k)
+    assert calls == [x.shape[0]]
+    monkeypatch.undo()
+    _assert_same(got, x, k)
