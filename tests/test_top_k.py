@@ -64,11 +64,8 @@ def test_top_k_is_torch_topk(case):
     _assert_same(top_k(x, k), x, k)
 
 
-def test_tied_rows_go_through_torch_and_others_through_the_kernel(monkeypatch):
-    """A row with equal values among its best gets torch.topk's own order; the kernel answers the rest."""
-    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
-    x[2, 10], x[2, 200] = 9.0, 9.0  # two equal best values
-    x[4, 5:12] = 8.0  # seven equal: the top 3 and the edge
+def _rows_asked_of_torch_topk(monkeypatch) -> list[int]:  # noqa: ANN001 - pytest's fixture
+    """Counts the rows of every ``torch.topk`` call from now on (``monkeypatch.undo()`` stops it)."""
     asked: list[int] = []
     original = torch.Tensor.topk
 
@@ -77,6 +74,15 @@ def test_tied_rows_go_through_torch_and_others_through_the_kernel(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "topk", counting_topk)
+    return asked
+
+
+def test_tied_rows_go_through_torch_and_others_through_the_kernel(monkeypatch):
+    """A row with equal values among its best gets torch.topk's own order; the kernel answers the rest."""
+    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
+    x[2, 10], x[2, 200] = 9.0, 9.0  # two equal best values
+    x[4, 5:12] = 8.0  # seven equal: the top 3 and the edge
+    asked = _rows_asked_of_torch_topk(monkeypatch)
     got = top_k(x, 3)
     assert asked == [2]  # rows 2 and 4 only, in one call
     monkeypatch.undo()
@@ -126,16 +132,9 @@ def test_each_version_of_the_kernel_gives_the_same_answers(tmp_path: Path, flags
 def test_without_the_kernel_every_row_goes_through_torch_topk(monkeypatch):
     """No compiler, no library: ``top_k`` is ``torch.topk`` itself (beam search unchanged)."""
     monkeypatch.setattr(top_k_module, "_kernel_fn", lambda: None)
-    calls: list[int] = []
-    original = torch.Tensor.topk
-
-    def counting_topk(self, *args, **kwargs):  # noqa: ANN001, ANN202 - torch.Tensor.topk's signature
-        calls.append(self.shape[0])
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "topk", counting_topk)
+    asked = _rows_asked_of_torch_topk(monkeypatch)
     x, k = _cases()[-3]  # the real width
     got = top_k(x, k)
-    assert calls == [x.shape[0]]
+    assert asked == [x.shape[0]]
     monkeypatch.undo()
     _assert_same(got, x, k)
