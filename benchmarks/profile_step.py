@@ -74,7 +74,7 @@ def main() -> int:
         use_attention_kernels(model, on=False)
     decoder = model.decoder
     chosen = current_layout(decoder)
-    screen_bytes = decoder.vocab_screen.qtable.nbytes if decoder.vocab_screen is not None else None
+    screen_bytes = decoder.vocab_screen.int8_bytes if decoder.vocab_screen is not None else None
     mel = pad_or_trim(
         log_mel_spectrogram(load_audio(SPEECH / "en" / "jfk.flac"), model.dims.n_mels), N_FRAMES
     )

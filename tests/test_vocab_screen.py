@@ -18,7 +18,7 @@ CLIPS = ["en/jfk.flac", "en/lj_LJ001-0007.flac", "en/timit_LDC93S1.wav"]
 LONG = "long/lj001_0001-0032_concat.flac"
 
 
-def _without_screen(model, audio, **options) -> dict:
+def _without_screen(model, audio, **options) -> dict:  # the full step: every logit, every step
     screen = model.decoder.vocab_screen
     model.decoder.vocab_screen = None
     try:
@@ -36,8 +36,16 @@ def screened_model():
     return whisperkv.load_model("tiny.en", vocab_screen=True)
 
 
-def test_screen_is_opt_in_sound_and_follows_the_table(screened_model, tiny_model):
-    assert tiny_model.decoder.vocab_screen is None  # off by default
+def test_screen_is_on_where_its_kernel_is_sound_and_follows_the_table(screened_model):
+    from whisperkv.model.int8_rows import load_rows_kernel
+
+    default = whisperkv.load_model("tiny.en").decoder.vocab_screen
+    if load_rows_kernel() is not None:  # on by default, multiplying through the rows kernel
+        assert default is not None and default.kernel is not None and default.qtable is None
+    else:  # torch._int_mm gains less: only when asked for
+        assert default is None
+    assert whisperkv.load_model("tiny.en", vocab_screen=False).decoder.vocab_screen is None
+    assert whisperkv.load_model("tiny.en", speculative=True).decoder.vocab_screen is None  # the draft's step
     int8 = whisperkv.load_model("tiny.en", compute_type="int8", vocab_screen=True)
     assert int8.decoder.vocab_screen is None  # int8 logits are int8 already
     screen = screened_model.decoder.vocab_screen
@@ -89,6 +97,66 @@ def test_bound_holds_for_every_logit_of_real_steps(screened_model, monkeypatch):
         exact = screened_model.decoder.project(hidden, [1] * hidden.shape[0])
         worst = max(worst, float(((exact - approx).abs() / bound).max()))
     assert worst < 1.0, f"the int8 logits strayed {worst:.2f}x the bound"
+
+
+def test_the_kernel_reports_the_quantised_rows_it_multiplied(screened_model):
+    """With the int8 rows kernel (AVX512-VNNI), |h - ĥ| and |ĥ| are the kernel's own: its int8 logits
+    equal ĥ · ŵ for the ĥ those norms describe (8 bits, a zero point), computed here in float64."""
+    screen = screened_model.decoder.vocab_screen
+    if screen.kernel is None:
+        pytest.skip("no int8 rows kernel on this machine: the screen multiplies with torch._int_mm")
+    hidden = torch.randn(3, screen.table.shape[1], generator=torch.Generator().manual_seed(4)) * 3
+    rows = screen.approximate(hidden)
+    assert rows.approx.shape == (3, screen.table.shape[0])
+    ids = torch.arange(0, screen.table.shape[0], 997)
+    qrows = (torch.round(screen.table[ids] / screen.scale[ids, None]).clamp(-127, 127)).double()
+    for r in range(3):
+        h = hidden[r].double()
+        lo, hi = min(float(h.min()), 0.0), max(float(h.max()), 0.0)
+        step = (hi - lo) / 255
+        zero = round(-lo / step)
+        quantised = ((torch.round(h / step) + zero).clamp(0, 255) - zero) * step
+        assert rows.activation_error[r] == pytest.approx(float((h - quantised).norm()), rel=1e-3)
+        assert rows.quantised_norm[r] == pytest.approx(float(quantised.norm()), rel=1e-4)
+        expected = (qrows @ quantised) * screen.scale[ids].double()
+        assert torch.allclose(rows.approx[r, ids].double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_int_mm_screen_is_sound_too(screened_model):
+    """Without the rows kernel (no AVX512-VNNI) the screen multiplies with ``torch._int_mm``: its bound
+    holds on the same real step rows, and the transcript is the full step's."""
+    from whisperkv.model.vocab_screen import VocabScreen
+
+    decoder = screened_model.decoder
+    kernel_screen = decoder.vocab_screen
+    plain = VocabScreen(decoder.token_embedding.weight, kernel=None)
+    assert plain.kernel is None and plain.sound and plain.serves(decoder.token_embedding.weight)
+    hidden = []
+    approximate = plain.approximate
+    plain.approximate = lambda h: (hidden.append(h.clone()), approximate(h))[1]
+    audio = _audio(CLIPS[0])
+    full = _without_screen(screened_model, audio)
+    decoder.vocab_screen = plain
+    try:
+        assert _tokens(screened_model.transcribe(audio)) == _tokens(full)
+    finally:
+        decoder.vocab_screen = kernel_screen
+    assert len(hidden) > 20
+    for h in hidden:
+        rows = approximate(h)
+        exact = screened_model.decoder.project(h, [1] * h.shape[0])
+        for i in range(h.shape[0]):
+            assert bool(((exact[i] - rows.approx[i]).abs() <= plain.bound(rows, i)).all())
+
+
+def test_rows_normalised_together_get_their_own_bits():
+    """The deferred sums normalise a window's rows in one ``log_softmax`` call: each row's values are
+    those it gets alone (what ``exact`` relies on)."""
+    logits = torch.randn(37, 51864, generator=torch.Generator().manual_seed(6)) * 8
+    logits[3, 100:5000] = float("-inf")
+    together = torch.nn.functional.log_softmax(logits, dim=1)
+    for i in range(37):
+        assert torch.equal(together[i], torch.nn.functional.log_softmax(logits[i : i + 1], dim=1)[0])
 
 
 def test_screened_greedy_is_the_full_steps_transcript(screened_model, monkeypatch):

@@ -156,15 +156,20 @@ class ScreenedGreedy:
         for first in range(0, len(self.records), DEFERRED_ROWS):
             records = self.records[first : first + DEFERRED_ROWS]
             hidden = torch.stack([r[0] for r in records])
-            if exact:
+            if exact:  # the full step's chunk widths: its bits
                 logits = self.decoder.project(hidden, [1] * len(records))
-            else:  # [V, rows]: ``table @ hidden.T`` is the GEMM that reads the table at memory speed
-                logits = torch.mm(self.screen.table, hidden.T).T
-            for row, (_, length, force, token, finished) in zip(logits, records):
-                row = row[None].contiguous()
+            else:  # one GEMM reads the table once for all the rows
+                logits = torch.mm(hidden, self.screen.table.T)
+            for row, (_, length, force, _, _) in zip(logits, records):  # each row's own filters, in place
+                row = row[None]
                 for f in self.filters:
                     f.suppress(row, tokens[:, :length])
                 if force:
                     row[:, : self.ts] = NEG_INF
-                total += F.log_softmax(row, dim=-1)[:, token] * ~torch.tensor([finished])
+            # one call normalises every row, each with the sums it gets alone (tested)
+            chosen, n = torch.tensor([r[3] for r in records]), len(records)
+            unfinished = ~torch.tensor([r[4] for r in records])
+            picked = F.log_softmax(logits, dim=1)[torch.arange(n), chosen] * unfinished
+            for logprob in picked:  # in step order, as the full steps add them
+                total += logprob
         return total

@@ -29,10 +29,16 @@ class Int8RowsKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._rows = library.wkv_int8_rows
         self._rows.restype = ctypes.c_int
-        self._rows.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 5
+        self._rows.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 7
         self._pack = library.wkv_int8_pack
         self._pack.restype = None
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+
+    def __deepcopy__(self, memo: dict) -> Int8RowsKernel:
+        return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
+
+    def __reduce__(self) -> tuple:
+        return (load_rows_kernel, ())  # another process loads (or builds) its own
 
     @staticmethod
     def takes(in_features: int) -> bool:
@@ -62,6 +68,35 @@ class Int8RowsKernel:
         """``x`` [..., in] float32 → [..., out_features] float32."""
         width = x.shape[-1]
         rows = x.reshape(-1, width)
+        y = self._run(rows, packed, scale, row_sum, bias, out_features, None)
+        return y.reshape(*x.shape[:-1], out_features)
+
+    def with_norms(
+        self,
+        rows: torch.Tensor,
+        packed: torch.Tensor,
+        scale: torch.Tensor,
+        row_sum: torch.Tensor,
+        out_features: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``rows`` [R, in] float32 → (y [R, out_features], |x - x̂| [R], |x̂| [R]): the products, and for
+        each row the distance to the quantised row x̂ they were made from and its length (what a bound
+        on the products' error needs: ``model/vocab_screen.py``)."""
+        norms = torch.empty(2, rows.shape[0], dtype=torch.float32)
+        y = self._run(rows, packed, scale, row_sum, None, out_features, norms)
+        return y, norms[0], norms[1]
+
+    def _run(
+        self,
+        rows: torch.Tensor,
+        packed: torch.Tensor,
+        scale: torch.Tensor,
+        row_sum: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        norms: torch.Tensor | None,
+    ) -> torch.Tensor:
+        width = rows.shape[-1]
         if rows.dtype != torch.float32 or rows.stride(-1) != 1:
             rows = rows.float().contiguous()
         y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
@@ -77,10 +112,12 @@ class Int8RowsKernel:
                 row_sum.data_ptr(),
                 None if bias is None else bias.data_ptr(),
                 y.data_ptr(),
+                None if norms is None else norms[0].data_ptr(),
+                None if norms is None else norms[1].data_ptr(),
             )
             if failed:
                 raise ValueError(f"the int8 rows kernel does not take inputs {width} wide")
-        return y.reshape(*x.shape[:-1], out_features)
+        return y
 
 
 def load_rows_kernel() -> Int8RowsKernel | None:

@@ -109,14 +109,33 @@ static void block_sums(const uint8_t *xq, long stride, long n, long in, const in
 #endif
 }
 
+/* |x - x̂| and |x̂| of one row, where x̂ = scale * (xq - zero) is the row the products use: what the
+ * float32 type's vocabulary screen bounds its error with (model/vocab_screen.py). In double: exact
+ * to far below the bound's slack. */
+static void quantised_norms(const float *row, long in, const uint8_t *xq, float scale, int32_t zero,
+                            float *error, float *norm)
+{
+    double e = 0.0, n = 0.0;
+    for (long i = 0; i < in; i++) {
+        const double value = (double)scale * (double)((int32_t)xq[i] - zero);
+        e += ((double)row[i] - value) * ((double)row[i] - value);
+        n += value * value;
+    }
+    *error = (float)sqrt(e);
+    *norm = (float)sqrt(n);
+}
+
 /* y [R, out] = x [R, in] (rows x_row floats apart) times the packed weights transposed, each output
  * o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus bias (or NULL).
  * Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and runs all
  * the rows through a block, ROWS at a time, while it sits in the CPU's first-level cache: the weights
- * are read from memory once per call, however many rows. Returns 0, or 1 when ``in`` is out of range
- * or not a multiple of 4, 2 when the rows' buffer cannot be allocated (nothing written). */
+ * are read from memory once per call, however many rows. ``x_error`` and ``x_norm`` (R floats each,
+ * or NULL): each row's |x - x̂| and |x̂| for the quantised row x̂ its products used. Returns 0, or 1
+ * when ``in`` is out of range or not a multiple of 4, 2 when the rows' buffer cannot be allocated
+ * (nothing written). */
 int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
-                  const float *w_scale, const int32_t *w_sum, const float *bias, float *y)
+                  const float *w_scale, const int32_t *w_sum, const float *bias, float *y,
+                  float *x_error, float *x_norm)
 {
     if (R < 1 || in < 4 || in > MAXIN || in % 4) return 1;
     uint8_t *xq = malloc((size_t)(R * in));
@@ -128,7 +147,11 @@ int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const i
         free(zero);
         return 2;
     }
-    for (long r = 0; r < R; r++) quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
+    for (long r = 0; r < R; r++) {
+        quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
+        if (x_error && x_norm)
+            quantised_norms(x + r * x_row, in, xq + r * in, scale[r], zero[r], x_error + r, x_norm + r);
+    }
     const long blocks = (out + LANES - 1) / LANES;
 #pragma omp parallel for schedule(static)
     for (long b = 0; b < blocks; b++) {
