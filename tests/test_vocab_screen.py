@@ -149,6 +149,43 @@ def test_the_int_mm_screen_is_sound_too(screened_model):
             assert bool(((exact[i] - rows.approx[i]).abs() <= plain.bound(rows, i)).all())
 
 
+def test_candidates_from_the_kernel_are_pytorchs(screened_model):
+    """The library's two passes (``kernels/screen.c``) give the ids and floor the PyTorch passes give,
+    on real step rows, with the masks of real filters, whole vocabulary and text tokens only."""
+    screen = screened_model.decoder.vocab_screen
+    if screen._candidates is None:
+        pytest.skip("the kernels' library is not built here")
+    seen = []
+    approximate = screen.approximate
+    screen.approximate = lambda h: (seen.append(approximate(h)), seen[-1])[1]
+    try:
+        screened_model.transcribe(_audio(CLIPS[1]))
+    finally:
+        del screen.approximate
+    assert len(seen) > 20
+    n_vocab = screen.table.shape[0]
+    ts = screened_model.tokenizer.timestamp_begin
+    masks = [torch.zeros(n_vocab), torch.zeros(n_vocab), torch.full((n_vocab,), float("-inf"))]
+    masks[1][[50256, 220, 1000, 50363]] = float("-inf")
+    masks[1][ts + 10 :] = float("-inf")
+    kernel = screen._candidates
+    for rows in seen:
+        for mask in masks:
+            for n in (n_vocab, ts):
+                got = screen.candidates(rows, 0, mask, n, 2048)
+                screen._candidates = None
+                try:
+                    want = screen.candidates(rows, 0, mask, n, 2048)
+                finally:
+                    screen._candidates = kernel
+                assert got[1] == want[1]
+                assert (got[0] is None) == (want[0] is None)
+                if got[0] is not None:
+                    assert torch.equal(got[0], want[0])
+    assert screen.candidates(seen[0], 0, masks[2], n_vocab, 2048)[1] == float("-inf")
+    assert screen.candidates(seen[0], 0, masks[0], n_vocab, 0)[0] is None  # too many for none allowed
+
+
 def test_rows_normalised_together_get_their_own_bits():
     """The deferred sums normalise a window's rows in one ``log_softmax`` call: each row's values are
     those it gets alone (what ``exact`` relies on)."""

@@ -78,7 +78,7 @@ class ScreenedGreedy:
         mask = self._mask.zero_()
         for f in self.filters:
             f.suppress(mask, tokens)
-        decided = self._screened_choice(hidden, rows, row, rows.approx[row] + mask[0])
+        decided = self._screened_choice(hidden, rows, row)
         if decided is None:
             decided = self._full_choice(hidden, tokens)
         token, force = decided
@@ -86,22 +86,22 @@ class ScreenedGreedy:
         self.records.append((hidden.clone(), tokens.shape[1], force, token, finished))
         return self.eot if finished else token
 
-    def _screened_choice(
-        self, hidden: torch.Tensor, rows: ScreenedRows, row: int, masked: torch.Tensor
-    ) -> tuple[int, bool] | None:
-        """(token, timestamp forced?) from the screen, or None where it cannot decide. ``masked``: the
-        row's int8 logits with the filters' -inf added."""
+    def _screened_choice(self, hidden: torch.Tensor, rows: ScreenedRows, row: int) -> tuple[int, bool] | None:
+        """(token, timestamp forced?) from the screen, or None where it cannot decide (the filters'
+        -inf are in ``self._mask``)."""
         ts = self.ts
         stamps_allowed = ts is not None and float(self._mask[0, ts:].max()) == 0.0
         if not stamps_allowed:  # no timestamp rule in play: the argmax alone
-            best = self._best(hidden, rows, row, masked)
+            best = self._best(hidden, rows, row, self.n_vocab)
             return None if best is None or best[1] == NEG_INF else (best[0], False)
         stamps = self.screen.exact_range(hidden, ts, self.n_vocab) + self._mask[0, ts:]
-        best = self._best(hidden, rows, row, masked[:ts])
+        best = self._best(hidden, rows, row, ts)
         if best is None:
             return None
         text_id, best_text = best
-        stamp_mass = float(stamps.logsumexp(dim=0))
+        values = stamps.numpy()  # 1,501 values: NumPy's call costs less than PyTorch's here
+        top = values.max()  # finite: some timestamp is allowed
+        stamp_mass = float(top + np.log(np.exp(values - top).sum()))
         margin = 1e-3 + 1e-5 * (abs(best_text) + abs(stamp_mass) + 11.0)
         if best_text != NEG_INF and abs(stamp_mass - best_text) <= margin:
             return None  # the rule's float rounding could go either way: the full step decides
@@ -124,19 +124,15 @@ class ScreenedGreedy:
             logits[:, : self.ts] = NEG_INF
         return int(np.argmax(logits[0].numpy())), force
 
-    def _best(
-        self, hidden: torch.Tensor, rows: ScreenedRows, row: int, masked: torch.Tensor
-    ) -> tuple[int, float] | None:
-        """(id, exact logit) of the first largest allowed logit among the first ``len(masked)`` ids,
-        (0, -inf) when none is allowed, or None when too many are candidates.
+    def _best(self, hidden: torch.Tensor, rows: ScreenedRows, row: int, n: int) -> tuple[int, float] | None:
+        """(id, exact logit) of the first largest allowed logit among the first ``n`` ids, (0, -inf) when
+        none is allowed, or None when too many are candidates.
 
         A token can hold the largest logit only if its upper bound reaches the largest lower bound."""
-        bound = self.screen.bound(rows, row)[: masked.shape[0]]
-        floor = (masked - bound).max()
-        if float(floor) == NEG_INF:
+        ids, floor = self.screen.candidates(rows, row, self._mask[0], n, MAX_CANDIDATES)
+        if floor == NEG_INF:
             return 0, NEG_INF
-        ids = (masked + bound >= floor).nonzero().squeeze(1)  # suppressed ids are -inf: never in
-        if ids.numel() > MAX_CANDIDATES:
+        if ids is None:
             return None
         exact = self.screen.exact(hidden, ids)
         best = int(np.argmax(exact.numpy()))

@@ -44,10 +44,10 @@ from whisperkv.model.cpu_flags import cpu_flags
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
 
-#: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``)
-#: and beam search's top k (``decoding/top_k.py``)
+#: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``),
+#: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates (``model/vocab_screen.py``)
 SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c", "top_k.c")
+    Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c")
 )
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
@@ -156,8 +156,9 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
     warnings.warn(
-        f"the C kernels (decoder steps' attention, int8 linears, beam search's top k) were not built "
-        f"({failure}); using PyTorch's attention, quantized linears and topk",
+        f"the C kernels (decoder steps' attention, int8 linears, beam search's top k, the vocabulary "
+        f"screen's candidates) were not built ({failure}); using PyTorch's attention, quantized linears, "
+        f"topk and tensor operations",
         stacklevel=2,
     )
     return None

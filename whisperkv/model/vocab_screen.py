@@ -24,11 +24,13 @@ screen refuses to serve where they differ). The decision is therefore the full p
 
 from __future__ import annotations
 
+import ctypes
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.int8_rows import LANES, Int8RowsKernel, load_rows_kernel
 from whisperkv.model.row_int8 import quantize_rows, row_scales
 
@@ -78,6 +80,7 @@ class VocabScreen:
                 packed = self.kernel.pack(qrows)  # BLOCK is a whole number of the kernel's row blocks
                 self.packed[start * width : start * width + packed.numel()] = packed
                 self.row_sum[block] = qrows.sum(dim=1, dtype=torch.int32)
+        self._candidates = _load_candidates()
         self._slices: dict[tuple[int, int], bool] = {}  # slices of the table checked by ``exact_range``
         self.sound = self._exact_bits_match()
 
@@ -121,10 +124,45 @@ class VocabScreen:
 
         The two Cauchy-Schwarz terms, widened by ``SAFETY``; then the float rounding of either product
         (a sum of d terms rounds by at most ~d·2^-24 of |ĥ|·|w|: the 3e-5 term, with room to spare)."""
+        row_weight, error_weight = self._bound_weights(rows, row)  # each operation rounded as screen.c's
+        return (self.row_norm * row_weight).add_(self.error_norm * error_weight).add_(1e-4)
+
+    @staticmethod
+    def _bound_weights(rows: ScreenedRows, row: int) -> tuple[float, float]:
+        """What the row's bound multiplies |w_i| and |w_i - ŵ_i| by."""
         activation_error, quantised_norm = rows.activation_error[row], rows.quantised_norm[row]
-        row_weight = SAFETY * activation_error + 3e-5 * quantised_norm
-        error_weight = (SAFETY + 3e-5) * quantised_norm
-        return torch.add(self.row_norm * row_weight, self.error_norm, alpha=error_weight).add_(1e-4)
+        return SAFETY * activation_error + 3e-5 * quantised_norm, (SAFETY + 3e-5) * quantised_norm
+
+    def candidates(
+        self, rows: ScreenedRows, row: int, mask: torch.Tensor, n: int, max_ids: int
+    ) -> tuple[torch.Tensor | None, float]:
+        """(ids, floor) for row ``row`` over the first ``n`` tokens, with the filters' ``mask`` [V] (0 or
+        -inf): ``floor`` is the largest lower bound of an allowed token's logit, ``ids`` (ascending) the
+        tokens whose upper bound reaches it — None when there are more than ``max_ids``; none allowed:
+        (empty, -inf). Through the library's two passes where it is built (``kernels/screen.c``)."""
+        approx = rows.approx[row]
+        if self._candidates is not None and approx.is_contiguous() and mask.is_contiguous():
+            ids = torch.empty(max_ids, dtype=torch.int64)
+            floor = ctypes.c_float()
+            count = self._candidates(
+                approx.data_ptr(),
+                mask.data_ptr(),
+                self.row_norm.data_ptr(),
+                self.error_norm.data_ptr(),
+                *self._bound_weights(rows, row),
+                n,
+                ids.data_ptr(),
+                max_ids,
+                ctypes.byref(floor),
+            )
+            return (None if count > max_ids else ids[:count]), floor.value
+        masked = approx[:n] + mask[:n]
+        bound = self.bound(rows, row)[:n]
+        floor = float((masked - bound).max())
+        if floor == float("-inf"):
+            return torch.empty(0, dtype=torch.int64), floor
+        ids = (masked + bound >= floor).nonzero().squeeze(1)
+        return (None if ids.numel() > max_ids else ids), floor
 
     def exact(self, hidden_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Float32 logits of ``ids`` for one hidden row [d], bit for bit what the full product gives."""
@@ -165,6 +203,18 @@ class VocabScreen:
             if not torch.equal(self.exact(hidden, ids), full[ids]):
                 return False
         return True
+
+
+def _load_candidates() -> ctypes._CFuncPtr | None:
+    """``wkv_screen_candidates`` from the kernels' library, or None where it is not built."""
+    built = load_kernel()
+    if built is None:
+        return None
+    function = built.library.wkv_screen_candidates
+    function.restype = ctypes.c_long
+    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_long, ctypes.c_void_p]
+    function.argtypes += [ctypes.c_long, ctypes.c_void_p]
+    return function
 
 
 def attach_screen(decoder: nn.Module) -> None:
