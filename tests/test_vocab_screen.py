@@ -153,7 +153,7 @@ def test_candidates_from_the_kernel_are_pytorchs(screened_model):
     """The library's two passes (``kernels/screen.c``) give the ids and floor the PyTorch passes give,
     on real step rows, with the masks of real filters, whole vocabulary and text tokens only."""
     screen = screened_model.decoder.vocab_screen
-    if screen._candidates is None:
+    if not screen.candidates_kernel:
         pytest.skip("the kernels' library is not built here")
     seen = []
     approximate = screen.approximate
@@ -168,16 +168,15 @@ def test_candidates_from_the_kernel_are_pytorchs(screened_model):
     masks = [torch.zeros(n_vocab), torch.zeros(n_vocab), torch.full((n_vocab,), float("-inf"))]
     masks[1][[50256, 220, 1000, 50363]] = float("-inf")
     masks[1][ts + 10 :] = float("-inf")
-    kernel = screen._candidates
     for rows in seen:
         for mask in masks:
             for n in (n_vocab, ts):
                 got = screen.candidates(rows, 0, mask, n, 2048)
-                screen._candidates = None
+                screen.candidates_kernel = False
                 try:
                     want = screen.candidates(rows, 0, mask, n, 2048)
                 finally:
-                    screen._candidates = kernel
+                    screen.candidates_kernel = True
                 assert got[1] == want[1]
                 assert (got[0] is None) == (want[0] is None)
                 if got[0] is not None:

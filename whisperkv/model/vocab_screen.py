@@ -25,6 +25,7 @@ screen refuses to serve where they differ). The decision is therefore the full p
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import NamedTuple
 
 import torch
@@ -80,7 +81,8 @@ class VocabScreen:
                 packed = self.kernel.pack(qrows)  # BLOCK is a whole number of the kernel's row blocks
                 self.packed[start * width : start * width + packed.numel()] = packed
                 self.row_sum[block] = qrows.sum(dim=1, dtype=torch.int32)
-        self._candidates = _load_candidates()
+        #: candidates through the kernels' library (``kernels/screen.c``) where it is built
+        self.candidates_kernel = _load_candidates() is not None
         self._slices: dict[tuple[int, int], bool] = {}  # slices of the table checked by ``exact_range``
         self.sound = self._exact_bits_match()
 
@@ -141,10 +143,11 @@ class VocabScreen:
         tokens whose upper bound reaches it — None when there are more than ``max_ids``; none allowed:
         (empty, -inf). Through the library's two passes where it is built (``kernels/screen.c``)."""
         approx = rows.approx[row]
-        if self._candidates is not None and approx.is_contiguous() and mask.is_contiguous():
+        function = _load_candidates() if self.candidates_kernel else None
+        if function is not None and approx.is_contiguous() and mask.is_contiguous():
             ids = torch.empty(max_ids, dtype=torch.int64)
             floor = ctypes.c_float()
-            count = self._candidates(
+            count = function(
                 approx.data_ptr(),
                 mask.data_ptr(),
                 self.row_norm.data_ptr(),
@@ -205,8 +208,10 @@ class VocabScreen:
         return True
 
 
+@functools.cache
 def _load_candidates() -> ctypes._CFuncPtr | None:
-    """``wkv_screen_candidates`` from the kernels' library, or None where it is not built."""
+    """``wkv_screen_candidates`` from the kernels' library (``load_kernel``, cached as it is), or None
+    where it is not built. Not held by the screen: a model holding it could not be deep-copied."""
     built = load_kernel()
     if built is None:
         return None
