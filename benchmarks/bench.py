@@ -64,7 +64,7 @@ class WhisperKV(Engine):
         compute_type: str,
         batched: bool = False,
         vad: str = "energy",
-        screen: bool | None = None,
+        screen: bool = False,
         sdpa: bool = False,
         hold_end: bool = True,
     ) -> None:
@@ -247,7 +247,7 @@ class OpenAIWhisper(Engine):
 ENGINES = (
     "whisperkv-fp32",
     "whisperkv-fp32-sdpa",
-    "whisperkv-fp32-unscreened",
+    "whisperkv-fp32-screened",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-batched-int8",
@@ -273,7 +273,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             compute,
             "batched" in spec,
             vad,
-            screen=False if spec.endswith("-unscreened") else None,
+            screen=spec.endswith("-screened"),
             sdpa=spec.endswith("-sdpa"),
             hold_end=not spec.endswith("-nohold"),
         )
@@ -507,7 +507,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for
-    default = [e for e in ENGINES if not e.endswith(("-unscreened", "-sdpa", "-nohold"))]
+    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa", "-nohold"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -584,8 +584,8 @@ def main() -> int:
             if peer.startswith("whisperkv") or (a2, m2) != (audio_name, mode):
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
-    for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; screen or not
-        for suffix in ("-sdpa", "-unscreened"):
+    for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
+        for suffix in ("-sdpa", "-screened"):
             plain = (spec.removesuffix(suffix), audio_name, mode)
             if spec.endswith(suffix) and plain in table:
                 print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")

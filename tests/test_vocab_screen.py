@@ -36,16 +36,13 @@ def screened_model():
     return whisperkv.load_model("tiny.en", vocab_screen=True)
 
 
-def test_screen_is_on_where_its_kernel_is_sound_and_follows_the_table(screened_model):
+def test_screen_is_opt_in_sound_and_follows_the_table(screened_model):
     from whisperkv.model.int8_rows import load_rows_kernel
 
-    default = whisperkv.load_model("tiny.en").decoder.vocab_screen
-    if load_rows_kernel() is not None:  # on by default, multiplying through the rows kernel
-        assert default is not None and default.kernel is not None and default.qtable is None
-    else:  # torch._int_mm gains less: only when asked for
-        assert default is None
-    assert whisperkv.load_model("tiny.en", vocab_screen=False).decoder.vocab_screen is None
-    assert whisperkv.load_model("tiny.en", speculative=True).decoder.vocab_screen is None  # the draft's step
+    assert whisperkv.load_model("tiny.en").decoder.vocab_screen is None  # off by default
+    if load_rows_kernel() is not None:  # multiplying through the rows kernel, in its layout only
+        screen = screened_model.decoder.vocab_screen
+        assert screen.kernel is not None and screen.qtable is None and screen.packed is not None
     int8 = whisperkv.load_model("tiny.en", compute_type="int8", vocab_screen=True)
     assert int8.decoder.vocab_screen is None  # int8 logits are int8 already
     screen = screened_model.decoder.vocab_screen

@@ -6,7 +6,6 @@ import torch
 
 from whisperkv.model.attend_kernel import use_attention_kernels
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
-from whisperkv.model.int8_rows import load_rows_kernel
 from whisperkv.model.row_gemm import adopt_row_gemm
 from whisperkv.model.vocab import DEFAULT_LAYOUT, LAYOUTS, apply_layout, choose_layout
 from whisperkv.model.whisper import Whisper
@@ -60,7 +59,7 @@ def load_model(
     download_root: str | None = None,
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
-    vocab_screen: bool | None = None,
+    vocab_screen: bool = False,
     speculative: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
@@ -72,9 +71,8 @@ def load_model(
 
     ``vocab_screen`` (float32 CPU, ``rows-gemm``): greedy steps read an int8 copy of the vocabulary table
     and compute exactly only the tokens its bound cannot rule out (``model/vocab_screen.py``): the same
-    tokens, 12 % faster on tiny.en's long-form greedy here, 20 MB more memory. None (the default): on
-    where the int8 rows kernel multiplies for it (a C compiler and AVX512-VNNI), unless ``speculative``;
-    ``torch._int_mm`` on other CPUs gains less, so there it is on only when asked for.
+    tokens; 13-17 % off tiny.en's greedy runs and 3-8 % off base's here (round 10), for 20-80 MB more
+    peak memory, which puts float32 over faster-whisper float32's peak on short files. Off by default.
 
     ``speculative`` (float32 CPU, ``rows-gemm``): keep an int8 draft of the decoder (``model/draft.py``)
     whose guesses greedy steps at temperature 0 check two rows at a time (``decoding/speculative.py``):
@@ -98,14 +96,6 @@ def load_model(
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
-    if vocab_screen is None:
-        vocab_screen = (
-            compute_type != "int8"
-            and not speculative
-            and str(device) == "cpu"
-            and dtype == torch.float32
-            and load_rows_kernel() is not None
-        )
     if speculative and (
         compute_type == "int8"
         or vocab_screen
