@@ -146,9 +146,34 @@ def test_the_int_mm_screen_is_sound_too(screened_model):
             assert bool(((exact[i] - rows.approx[i]).abs() <= plain.bound(rows, i)).all())
 
 
-def test_candidates_from_the_kernel_are_pytorchs(screened_model):
-    """The library's two passes (``kernels/screen.c``) give the ids and floor the PyTorch passes give,
-    on real step rows, with the masks of real filters, whole vocabulary and text tokens only."""
+def _plain_c_candidates(tmp_path):
+    """``kernels/screen.c`` built here without AVX-512 (its scalar loops only), or None without a compiler."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from whisperkv.model.attend_kernel import SOURCES
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = next(s for s in SOURCES if s.name == "screen.c")
+    built = tmp_path / "screen_plain.so"
+    flags = ["-O3", "-ffast-math", "-fPIC", "-shared", "-mno-avx512f"]
+    subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
+    function = ctypes.CDLL(str(built)).wkv_screen_candidates
+    function.restype = ctypes.c_long
+    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_long, ctypes.c_void_p]
+    function.argtypes += [ctypes.c_long, ctypes.c_void_p]
+    return function
+
+
+def test_candidates_from_the_kernel_are_pytorchs(screened_model, tmp_path, monkeypatch):
+    """The library's two passes (``kernels/screen.c``), and the same file built without AVX-512, give
+    the ids and floor the PyTorch passes give, on real step rows, with the masks of real filters,
+    whole vocabulary and text tokens only."""
+    import whisperkv.model.vocab_screen as vocab_screen_module
+
     screen = screened_model.decoder.vocab_screen
     if not screen.candidates_kernel:
         pytest.skip("the kernels' library is not built here")
@@ -165,7 +190,10 @@ def test_candidates_from_the_kernel_are_pytorchs(screened_model):
     masks = [torch.zeros(n_vocab), torch.zeros(n_vocab), torch.full((n_vocab,), float("-inf"))]
     masks[1][[50256, 220, 1000, 50363]] = float("-inf")
     masks[1][ts + 10 :] = float("-inf")
-    for rows in seen:
+    plain = _plain_c_candidates(tmp_path)
+    versions = [vocab_screen_module._load_candidates()] + ([plain] if plain is not None else [])
+    for rows, version in ((rows, version) for version in versions for rows in seen):
+        monkeypatch.setattr(vocab_screen_module, "_load_candidates", lambda version=version: version)
         for mask in masks:
             for n in (n_vocab, ts):
                 got = screen.candidates(rows, 0, mask, n, 2048)

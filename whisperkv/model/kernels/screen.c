@@ -20,6 +20,18 @@ static inline float bound_of(const float *row_norm, const float *error_norm, flo
     return (row_norm[i] * rw + error_norm[i] * ew) + 1e-4f;
 }
 
+#if defined(__AVX512F__)
+/* Tokens i..i+15: their masked int8 logits a + m (*masked) and their bounds (returned), as bound_of. */
+static inline __m512 bounds16(const float *approx, const float *mask, const float *row_norm,
+                              const float *error_norm, __m512 rw, __m512 ew, long i, __m512 *masked)
+{
+    *masked = _mm512_add_ps(_mm512_loadu_ps(approx + i), _mm512_loadu_ps(mask + i));
+    return _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(row_norm + i), rw),
+                                       _mm512_mul_ps(_mm512_loadu_ps(error_norm + i), ew)),
+                         _mm512_set1_ps(1e-4f));
+}
+#endif
+
 /* Writes up to max_ids candidate ids (ascending) to ids and the largest lower bound to *floor_out;
  * returns how many candidates there are (more than max_ids: only the first max_ids are written), 0
  * when every token is masked (*floor_out is then -inf). */
@@ -31,14 +43,9 @@ long wkv_screen_candidates(const float *approx, const float *mask, const float *
     long i = 0;
 #if defined(__AVX512F__)
     const __m512 rw = _mm512_set1_ps(row_weight), ew = _mm512_set1_ps(error_weight);
-    const __m512 slack = _mm512_set1_ps(1e-4f);
-    __m512 lows = _mm512_set1_ps(-INFINITY);
+    __m512 lows = _mm512_set1_ps(-INFINITY), masked;
     for (; i + 16 <= n; i += 16) {
-        const __m512 bound = _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(row_norm + i), rw),
-                          _mm512_mul_ps(_mm512_loadu_ps(error_norm + i), ew)),
-            slack);
-        const __m512 masked = _mm512_add_ps(_mm512_loadu_ps(approx + i), _mm512_loadu_ps(mask + i));
+        const __m512 bound = bounds16(approx, mask, row_norm, error_norm, rw, ew, i, &masked);
         lows = _mm512_max_ps(lows, _mm512_sub_ps(masked, bound));
     }
     floor = _mm512_reduce_max_ps(lows);
@@ -54,11 +61,7 @@ long wkv_screen_candidates(const float *approx, const float *mask, const float *
 #if defined(__AVX512F__)
     const __m512 floors = _mm512_set1_ps(floor);
     for (; i + 16 <= n; i += 16) {
-        const __m512 bound = _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(row_norm + i), rw),
-                          _mm512_mul_ps(_mm512_loadu_ps(error_norm + i), ew)),
-            slack);
-        const __m512 masked = _mm512_add_ps(_mm512_loadu_ps(approx + i), _mm512_loadu_ps(mask + i));
+        const __m512 bound = bounds16(approx, mask, row_norm, error_norm, rw, ew, i, &masked);
         unsigned hits = _mm512_cmp_ps_mask(_mm512_add_ps(masked, bound), floors, _CMP_GE_OQ);
         while (hits) { /* a few tokens a step */
             const int lane = __builtin_ctz(hits);
