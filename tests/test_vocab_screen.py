@@ -153,6 +153,7 @@ def _plain_c_candidates(tmp_path):
     import subprocess
 
     from whisperkv.model.attend_kernel import SOURCES
+    from whisperkv.model.vocab_screen import candidates_function
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -161,11 +162,7 @@ def _plain_c_candidates(tmp_path):
     built = tmp_path / "screen_plain.so"
     flags = ["-O3", "-ffast-math", "-fPIC", "-shared", "-mno-avx512f"]
     subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
-    function = ctypes.CDLL(str(built)).wkv_screen_candidates
-    function.restype = ctypes.c_long
-    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_long, ctypes.c_void_p]
-    function.argtypes += [ctypes.c_long, ctypes.c_void_p]
-    return function
+    return candidates_function(ctypes.CDLL(str(built)))
 
 
 def test_candidates_from_the_kernel_are_pytorchs(screened_model, tmp_path, monkeypatch):

@@ -215,9 +215,12 @@ def _load_candidates() -> ctypes._CFuncPtr | None:
     """``wkv_screen_candidates`` from the kernels' library (``load_kernel``, cached as it is), or None
     where it is not built. Not held by the screen: a model holding it could not be deep-copied."""
     built = load_kernel()
-    if built is None:
-        return None
-    function = built.library.wkv_screen_candidates
+    return candidates_function(built.library) if built is not None else None
+
+
+def candidates_function(library: ctypes.CDLL) -> ctypes._CFuncPtr:
+    """A library's ``wkv_screen_candidates`` (``kernels/screen.c``), typed for ``VocabScreen.candidates``."""
+    function = library.wkv_screen_candidates
     function.restype = ctypes.c_long
     function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] * 2 + [ctypes.c_long, ctypes.c_void_p]
     function.argtypes += [ctypes.c_long, ctypes.c_void_p]
