@@ -149,7 +149,7 @@ def main() -> int:
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
-    attention = "SDPA" if args.sdpa or model.compute_type != "int8" else "the int8 type's own"
+    attention = "SDPA" if model.decoder.attention_kernel is None else "the C kernel (decoder steps)"
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
     print(f"attention: {attention}")
     print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))
