@@ -69,17 +69,19 @@ class VocabScreen:
         self.packed: torch.Tensor | None = None
         self.qtable: torch.Tensor | None = None
         if self.kernel is None:  # torch._int_mm reads the int8 table as it is
-            self.qtable = quantize_rows(self.table, self.scale)
-        else:  # the kernel's layout only, made block by block: one int8 copy of the table, never two
+            self.qtable = torch.empty(n_vocab, width, dtype=torch.int8)
+        else:  # the kernel's layout only: one int8 copy of the table, never two
             self.packed = torch.empty(-(-n_vocab // LANES) * LANES * width, dtype=torch.int8)
             self.row_sum = torch.empty(n_vocab, dtype=torch.int32)
         for start in range(0, n_vocab, BLOCK):  # in blocks: no float32 temporary of the whole table
             block = slice(start, start + BLOCK)
             rows = self.table[block]
-            qrows = self.qtable[block] if self.qtable is not None else quantize_rows(rows, self.scale[block])
+            qrows = quantize_rows(rows, self.scale[block])
             self.row_norm[block] = rows.norm(dim=1)
             self.error_norm[block] = (rows - qrows * self.scale[block, None]).norm(dim=1)
-            if self.kernel is not None:
+            if self.qtable is not None:
+                self.qtable[block] = qrows
+            else:
                 packed = self.kernel.pack(qrows)  # BLOCK is a whole number of the kernel's row blocks
                 self.packed[start * width : start * width + packed.numel()] = packed
                 self.row_sum[block] = qrows.sum(dim=1, dtype=torch.int32)
