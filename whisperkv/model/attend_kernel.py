@@ -16,7 +16,8 @@ tests). Measured in one process, interleaved, tiny.en float32 on 120 s of uttera
 
 Why built here, on first use: ``-march=native`` for the CPU it runs on, and a C compiler is all it
 needs (no Python headers). The library holds the int8 linears' kernel too (``kernels/int8_rows.c``,
-``model/int8_rows.py``): one build, one cache entry. It is kept in a cache directory under a name that
+``model/int8_rows.py``), and the float32 step's (``kernels/rows_f32.c``, ``model/step_rows.py``): one
+build, one cache entry. It is kept in a cache directory under a name that
 hashes the sources, the flags and the CPU, so one build serves every later process. A machine without
 a compiler keeps SDPA (and fbgemm): ``TextDecoder.attention_kernel`` says which one a model uses. It
 links the OpenMP runtime PyTorch has already loaded (``libgomp.so.1``): one thread pool,
@@ -42,12 +43,15 @@ from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags
 
 if TYPE_CHECKING:
+    from whisperkv.model.step_rows import StepRowsKernel
     from whisperkv.model.whisper import Whisper
 
 #: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``),
-#: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates (``model/vocab_screen.py``)
+#: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates
+#: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``)
 SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c")
+    Path(__file__).with_name("kernels") / name
+    for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c")
 )
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
@@ -156,9 +160,9 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
         except (OSError, subprocess.SubprocessError) as err:
             failure = str(err)
     warnings.warn(
-        f"the C kernels (decoder steps' attention, int8 linears, beam search's top k, the vocabulary "
-        f"screen's candidates) were not built ({failure}); using PyTorch's attention, quantized linears, "
-        f"topk and tensor operations",
+        f"the C kernels (decoder steps' attention, float32 and int8 linears, beam search's top k, the "
+        f"vocabulary screen's candidates) were not built ({failure}); using PyTorch's attention, row "
+        f"GEMMs, quantized linears, topk and tensor operations",
         stacklevel=2,
     )
     return None
@@ -183,7 +187,9 @@ def _build(compiler: str, path: Path) -> Path:
 ATTENTION_MARK = "+attention("  # which attention made a model's numbers, in its weights digest
 
 
-def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool = True) -> None:
+def use_attention_kernels(
+    model: Whisper, on: bool = True, bfloat16_caches: bool = True, rows: bool = True
+) -> None:
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
     Decoder steps attend through the C kernel where it builds, for both CPU compute types: float32
@@ -198,7 +204,11 @@ def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool
     ``verify``, and a test of the kernel against SDPA on the same model). The choice changes the
     model's numbers, so it is part of the weights digest every cache's provenance carries: an encoder
     output or a cache made one way is never taken for one made the other way (across the trust
-    boundary, too). A float32 model with SDPA keeps its plain digest."""
+    boundary, too). A float32 model with SDPA keeps its plain digest.
+
+    ``rows`` (float32, with the kernel): each linear of a decoder step, with its LayerNorm, bias, GELU and
+    residual, in one C call (``model/step_rows.py``); ``rows=False`` keeps the row GEMMs, its slow twin.
+    The digest names it too ("linears kernel")."""
     int8 = model.compute_type == "int8"
     if not int8 and (model.device.type != "cpu" or model.dtype != torch.float32):
         raise ValueError(
@@ -206,8 +216,10 @@ def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool
             f"on {model.device.type}"
         )
     kernel = load_kernel() if on else None
+    step_rows = _step_rows(model) if kernel is not None and rows and not int8 else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
+        block.step_rows = step_rows
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16
@@ -218,5 +230,22 @@ def use_attention_kernels(model: Whisper, on: bool = True, bfloat16_caches: bool
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
+    decoder += ", linears kernel" if step_rows is not None else ""
     encoder = "head-by-head" if head_by_head else "sdpa"
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
+
+
+def _step_rows(model: Whisper) -> StepRowsKernel | None:
+    """The float32 step linears' kernel (``model/step_rows.py``) if it takes every decoder linear."""
+    from whisperkv.model.step_rows import load_step_rows
+
+    kernel = load_step_rows()
+    if kernel is None:
+        return None
+    for block in model.decoder.blocks:
+        attn, cross = block.attn, block.cross_attn
+        weights = [getattr(attn.qkv, "weight", None), attn.out.weight, cross.query.weight, cross.out.weight]
+        weights += [block.mlp[0].weight, block.mlp[2].weight]
+        if not all(w is not None and kernel.takes(w) for w in weights):
+            return None
+    return kernel

@@ -19,13 +19,14 @@ from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
-from whisperkv.model.attention import AttentionKernel, MultiHeadAttention
+from whisperkv.model.attention import AttentionKernel, MultiHeadAttention, heads
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab_screen import VocabScreen
 
 if TYPE_CHECKING:
     from whisperkv.model.draft import DraftDecoder
+    from whisperkv.model.step_rows import StepRowsKernel
 
 
 class DecoderBlock(nn.Module):
@@ -37,6 +38,8 @@ class DecoderBlock(nn.Module):
         self.cross_attn = MultiHeadAttention(n_state, n_head)
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
+        #: float32 CPU steps' linears in one C call each (``model/step_rows.py``), or None: row GEMMs
+        self.step_rows: StepRowsKernel | None = None
 
     def forward(
         self,
@@ -62,7 +65,11 @@ class DecoderBlock(nn.Module):
 
         The linears and the MLP run once over all N rows; attention runs per cache, each over its own
         Self-KV length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
+        Through ``step_rows`` (each linear with its LayerNorm, bias, GELU and residual in one C call)
+        where the block has it; else through the row GEMMs (its slow twin).
         """
+        if self.step_rows is not None:
+            return self._forward_rows_kernel(x, sizes, self_kvs, cross_kvs)
         q, k, v = self.attn.project_qkv(self.attn_ln(x), sizes)
         outs, start = [], 0
         for size, self_kv in zip(sizes, self_kvs, strict=True):
@@ -80,6 +87,36 @@ class DecoderBlock(nn.Module):
         x = x + linear_rows(self.cross_attn.out, torch.cat(outs), sizes)
         up, activation, down = self.mlp
         return x + linear_rows(down, activation(linear_rows(up, self.mlp_ln(x), sizes)), sizes)
+
+    def _forward_rows_kernel(
+        self, x: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV], cross_kvs: list[CrossKV]
+    ) -> torch.Tensor:
+        """``forward_rows`` with six C calls for the linears (``model/step_rows.py``)."""
+        rows, n, d = self.step_rows, x.shape[0], x.shape[-1]
+        x = x.reshape(n, d)
+        qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln)[:, None]
+        n_head = self.attn.n_head
+        q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], n_head), heads(qkv[..., 2 * d :], n_head)
+        outs, start = [], 0
+        for size, self_kv in zip(sizes, self_kvs, strict=True):
+            span = slice(start, start + size)
+            offset = self_kv.length
+            self_kv.append(k[span], v[span])
+            outs.append(self.attn.attention(q[span], self_kv.key, self_kv.value, causal_offset=offset))
+            start += size
+        out = self.attn.out
+        x = rows(torch.cat(outs).reshape(n, d), out.weight, out.bias, residual=x)
+        query = self.cross_attn.query
+        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln)[:, None]
+        outs, start = [], 0
+        for size, cross_kv in zip(sizes, cross_kvs, strict=True):
+            outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))
+            start += size
+        out = self.cross_attn.out
+        x = rows(torch.cat(outs).reshape(n, d), out.weight, out.bias, residual=x)
+        up, _, down = self.mlp
+        hidden = rows(x, up.weight, up.bias, norm=self.mlp_ln, gelu=True)
+        return rows(hidden, down.weight, down.bias, residual=x)[:, None]
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         h = self.attn_ln(x)

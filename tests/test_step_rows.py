@@ -1,0 +1,177 @@
+"""The float32 decoder step's linears in one C call each (``model/step_rows.py``, ``kernels/rows_f32.c``):
+right against float64, a row's bits its own whatever rows and threads are beside it, and transcripts
+equal to those of its slow twin (the row GEMMs)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from whisperkv.model.attend_kernel import SOURCES, use_attention_kernels
+from whisperkv.model.step_rows import StepRowsKernel, load_step_rows
+
+#: (out, in) of tiny.en's and base's decoder linears, and one with bias-free rows
+SHAPES = [(1152, 384), (384, 1536), (1536, 512), (64, 16)]
+
+
+@pytest.fixture(scope="module")
+def kernel() -> StepRowsKernel:
+    built = load_step_rows()
+    if built is None:
+        pytest.skip("no C compiler: the step rows kernel is not built")
+    return built
+
+
+def _plain_c_kernel(tmp_path) -> StepRowsKernel | None:
+    """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = next(s for s in SOURCES if s.name == "rows_f32.c")
+    built = tmp_path / "rows_plain.so"
+    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-mno-avx512f"]
+    subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
+    return StepRowsKernel(ctypes.CDLL(str(built)))
+
+
+def _inputs(out: int, width: int, n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, width, generator=g)
+    weight = torch.randn(out, width, generator=g) / width**0.5
+    bias = torch.randn(out, generator=g)
+    norm = nn.LayerNorm(width)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(width, generator=g))
+        norm.bias.copy_(0.1 * torch.randn(width, generator=g))
+    residual = torch.randn(n, out, generator=g)
+    return x, weight, bias, norm, residual
+
+
+def _reference(x, weight, bias, norm, gelu, residual):
+    """The same linear in float64, through PyTorch's own operations."""
+    h = x.double()
+    if norm is not None:
+        h = F.layer_norm(h, h.shape[-1:], norm.weight.double(), norm.bias.double(), norm.eps)
+    y = h @ weight.double().T + (bias.double() if bias is not None else 0)
+    if gelu:
+        y = F.gelu(y)
+    return y + residual.double() if residual is not None else y
+
+
+def _versions(kernel, tmp_path):
+    plain = _plain_c_kernel(tmp_path)
+    return [("library", kernel)] + ([("plain C", plain)] if plain is not None else [])
+
+
+@pytest.mark.parametrize("out, width", SHAPES)
+def test_each_epilogue_equals_float64(kernel, tmp_path, out, width):
+    """LayerNorm, product, bias, GELU and residual, alone and together, 1-7 rows: within float32's
+    rounding of the float64 result, in the library and in a plain-C build."""
+    with torch.no_grad():
+        for name, version in _versions(kernel, tmp_path):
+            for n in (1, 2, 3, 4, 5, 7):
+                x, weight, bias, norm, residual = _inputs(out, width, n, seed=n)
+                for use_norm, gelu, use_residual, use_bias in [
+                    (False, False, False, True),
+                    (True, False, False, True),
+                    (True, True, False, True),
+                    (False, False, True, True),
+                    (True, False, True, False),
+                ]:
+                    how = dict(
+                        bias=bias if use_bias else None,
+                        norm=norm if use_norm else None,
+                        gelu=gelu,
+                        residual=residual if use_residual else None,
+                    )
+                    got = version(x, weight, **how)
+                    want = _reference(x, weight, **how)
+                    assert got.shape == (n, out) and got.dtype == torch.float32
+                    error = (got.double() - want).abs().max().item()
+                    assert error < 2e-5, (name, n, use_norm, gelu, use_residual, use_bias, error)
+
+
+def test_a_rows_bits_depend_on_nothing_beside_it(kernel, tmp_path):
+    """A row alone, among 2-9 rows at any place, with 1 or 2 threads: the same bits (a request batched
+    with others gets what it gets alone, without the chunk-width rule the row GEMMs need)."""
+    x, weight, bias, norm, residual = _inputs(1536, 384, 9, seed=3)
+    threads = torch.get_num_threads()
+    with torch.no_grad():
+        for name, version in _versions(kernel, tmp_path):
+            alone = torch.cat([version(x[i : i + 1], weight, bias, norm=norm, gelu=True) for i in range(9)])
+            for n in range(2, 10):
+                batched = version(x[:n], weight, bias, norm=norm, gelu=True)
+                assert torch.equal(batched, alone[:n]), (name, n)
+            shuffled = torch.randperm(9, generator=torch.Generator().manual_seed(1))
+            again = version(x[shuffled], weight, bias, norm=norm, gelu=True)
+            assert torch.equal(again, alone[shuffled]), name
+            try:
+                torch.set_num_threads(1)
+                one_thread = version(x, weight, bias, norm=norm, gelu=True)
+            finally:
+                torch.set_num_threads(threads)
+            assert torch.equal(one_thread, alone), name
+
+
+def test_widths_it_does_not_take_are_refused(kernel):
+    """An input width not a multiple of 16, or an output width not of 4: ``takes`` says no, and a call
+    raises instead of writing anything."""
+    assert not kernel.takes(torch.zeros(384, 20)) and not kernel.takes(torch.zeros(386, 384))
+    assert not kernel.takes(torch.zeros(384, 384, dtype=torch.float64))
+    assert kernel.takes(torch.zeros(384, 384))
+    with pytest.raises(ValueError, match="does not take a 384 x 20 matrix"):
+        kernel(torch.zeros(1, 20), torch.zeros(384, 20), None)
+
+
+def test_float32_models_step_through_it_and_its_twin_gives_the_same_tokens(tiny_model, speech_dir):
+    """The slow twin: the same model with its step's linears through the row GEMMs. One step's logits
+    agree to the order of the sums, and greedy and beam 5 transcripts are token for token the same."""
+    assert all(block.step_rows is not None for block in tiny_model.decoder.blocks)
+    clips = ["en/jfk.flac", "en/lj_LJ001-0002.flac"]
+    tokens: dict[bool, list] = {}
+    try:
+        for rows in (True, False):
+            use_attention_kernels(tiny_model, rows=rows)
+            assert all((block.step_rows is not None) == rows for block in tiny_model.decoder.blocks)
+            tokens[rows] = [
+                [s["tokens"] for s in tiny_model.transcribe(str(speech_dir / c), beam_size=beam)["segments"]]
+                for c in clips
+                for beam in (None, 5)
+            ]
+    finally:
+        use_attention_kernels(tiny_model)
+    assert tokens[True] == tokens[False]
+    assert all(t for t in tokens[True])
+
+
+def test_one_steps_logits_agree_with_the_row_gemms(tiny_model, speech_dir):
+    """Beam-5 and greedy rows of one step, batched together: logits within 1e-4 of the twin's."""
+    import whisperkv
+    from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+
+    decoder = tiny_model.decoder
+    mel = pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / "en" / "jfk.flac")), N_FRAMES)
+    logits = {}
+    try:
+        with torch.no_grad():
+            cross = decoder.project_cross_kv(
+                tiny_model.embed_audio(mel[None]), tiny_model.encoder_provenance(mel[None])
+            )
+            for rows in (True, False):
+                use_attention_kernels(tiny_model, rows=rows)
+                greedy, beams = decoder.new_cache(cross), decoder.new_cache(cross, batch_size=5)
+                decoder(torch.tensor([[50257, 50362, 440]]), greedy)
+                decoder(torch.tensor([[50257, 50362, 440]] * 5), beams)
+                step = [(torch.tensor([[1002]]), greedy), (torch.tensor([[1002]] * 5), beams)]
+                logits[rows] = decoder.forward_rows(step)
+    finally:
+        use_attention_kernels(tiny_model)
+    assert logits[True].shape == (6, decoder.token_embedding.weight.shape[0])
+    assert (logits[True] - logits[False]).abs().max().item() < 1e-4
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))

@@ -1,0 +1,177 @@
+/* Float32 decoder-step linears: LayerNorm, product, bias, GELU and residual in one call per linear.
+ *
+ * A float32 decoder step multiplies a few rows (one per greedy window, five per beam-5 window) by 24
+ * small matrices (tiny.en). Through PyTorch each is a GEMM plus a dozen small tensor operations around
+ * it (padding to two columns, transposes, copies, the LayerNorm before it, the bias, GELU and residual
+ * after it): about half of a step's layer time here was those operations, not the reads of weights.
+ * Here one call does the LayerNorm of its input rows, the product, the bias, GELU and the residual.
+ *
+ * Each output of each row is one dot product in a fixed order (16 lanes of fused multiply-adds along
+ * the input, then a fixed reduction tree), whatever the number of rows, their order or the thread
+ * count: a row's numbers never depend on the rows beside it, so a request batched with others gets the
+ * bits it gets alone. The order differs from PyTorch's, so outputs differ from its in the last bits
+ * (as the row GEMMs' and the attention kernel's do): transcripts stay the reference's token for token
+ * (parity tests, verify, and the row-GEMM path kept as this kernel's slow twin in the tests).
+ * Compiled without -ffast-math, so each operation rounds as written. Built by model/attend_kernel.py. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+#define LANES 16 /* floats per vector; the input width must be a multiple of it */
+#define OUTS 4   /* outputs per pass over the rows; the output width must be a multiple of it */
+#define RB 4     /* rows per pass: OUTS x RB sums held in registers */
+
+/* Output blocks ahead whose weights are fetched while this one is multiplied: the weights are read
+ * once per step and are not in the CPU cache (the step's other reads push them out); without it a
+ * product read them at 10 GB/s here (tiny.en's query/key/value 182 us a call), not at memory speed. */
+#define AHEAD 12
+
+#if defined(__AVX512F__)
+static inline void prefetch(const float *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+typedef __m512 vec;
+static inline vec vzero(void) { return _mm512_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vec v)
+{
+    const __m256 lo = _mm512_castps512_ps256(v);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 a = _mm256_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+#else /* the same order of operations, one lane at a time */
+static inline void prefetch(const float *p) { __builtin_prefetch(p); }
+typedef struct {
+    float v[LANES];
+} vec;
+static inline vec vzero(void)
+{
+    vec r;
+    for (int i = 0; i < LANES; i++) r.v[i] = 0.f;
+    return r;
+}
+static inline vec vload(const float *p)
+{
+    vec r;
+    memcpy(r.v, p, sizeof r.v);
+    return r;
+}
+static inline vec vfma(vec a, vec b, vec c)
+{
+    for (int i = 0; i < LANES; i++) c.v[i] = fmaf(a.v[i], b.v[i], c.v[i]);
+    return c;
+}
+static inline float vsum(vec v)
+{
+    float a[8], b[4];
+    for (int i = 0; i < 8; i++) a[i] = v.v[i] + v.v[i + 8];
+    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
+    const float c0 = b[0] + b[2], c1 = b[1] + b[3];
+    return c0 + c1;
+}
+#endif
+
+/* Dot products of OUTS weight rows with NR input rows (NR fixed, so the sums stay in registers). */
+#define ROWS_PASS(NR)                                                                                     \
+    static void pass_##NR(const float *x, long xs, const float *w, long in, float *dots, long ds)       \
+    {                                                                                                     \
+        vec acc[OUTS][NR];                                                                                \
+        for (int i = 0; i < OUTS; i++)                                                                    \
+            for (int j = 0; j < NR; j++) acc[i][j] = vzero();                                             \
+        for (long k = 0; k < in; k += LANES) {                                                            \
+            vec xv[NR];                                                                                   \
+            for (int j = 0; j < NR; j++) xv[j] = vload(x + j * xs + k);                                   \
+            for (int i = 0; i < OUTS; i++) {                                                              \
+                prefetch(w + (AHEAD * OUTS + i) * in + k);                                                \
+                const vec wv = vload(w + i * in + k);                                                     \
+                for (int j = 0; j < NR; j++) acc[i][j] = vfma(wv, xv[j], acc[i][j]);                      \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int j = 0; j < NR; j++)                                                                      \
+            for (int i = 0; i < OUTS; i++) dots[j * ds + i] = vsum(acc[i][j]);                            \
+    }
+ROWS_PASS(1)
+ROWS_PASS(2)
+ROWS_PASS(3)
+ROWS_PASS(4)
+
+static void layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out)
+{
+    vec s = vzero();
+    const vec one = vload((const float[LANES]){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+    for (long k = 0; k < in; k += LANES) s = vfma(vload(x + k), one, s);
+    const float mean = vsum(s) / (float)in;
+    float centred[LANES] __attribute__((aligned(64)));
+    vec q = vzero();
+    for (long k = 0; k < in; k += LANES) {
+        for (int i = 0; i < LANES; i++) centred[i] = x[k + i] - mean;
+        const vec c = vload(centred);
+        q = vfma(c, c, q);
+    }
+    const float rstd = 1.f / sqrtf(vsum(q) / (float)in + eps);
+    for (long k = 0; k < in; k++) out[k] = (x[k] - mean) * rstd * weight[k] + bias[k];
+}
+
+static inline float gelu(float v) { return v * 0.5f * (1.f + erff(v * (float)M_SQRT1_2)); }
+
+/* y[r] = epilogue(W · norm(x[r]) + bias) for n rows: x [n, in] (row stride xs), W [out, in] row-major.
+ * norm: LayerNorm with ln_weight/ln_bias/eps when ln_weight is not NULL (into scratch, [n, in]);
+ * epilogue: GELU when gelu is set, then + residual[r] (row stride rs) when residual is not NULL.
+ * y [n, out] (row stride ys) may be the residual itself. bias may be NULL.
+ * Returns 0, or 1 when the widths are not multiples of LANES (in) and OUTS (out): nothing written. */
+int wkv_rows_f32(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,
+                 float *scratch, const float *w, const float *bias, long out, long in, int do_gelu,
+                 const float *residual, long rs, float *y, long ys)
+{
+    if (in % LANES || out % OUTS || n < 1) return 1;
+#pragma omp parallel
+    {
+        const float *rows = x;
+        long stride = xs;
+        if (ln_weight) {
+#pragma omp for schedule(static)
+            for (long r = 0; r < n; r++) layer_norm(x + r * xs, in, ln_weight, ln_bias, eps, scratch + r * in);
+            rows = scratch; /* the loop's barrier: every row is normalised before any product */
+            stride = in;
+        }
+        /* each thread's outputs: a contiguous run of blocks, the first AHEAD of them fetched now
+         * (the loop below fetches each block AHEAD blocks before it is reached) */
+        const long blocks = out / OUTS, threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const long first = blocks * t / threads, last = blocks * (t + 1) / threads;
+        const long ahead = last - first < AHEAD ? last - first : AHEAD;
+        for (long line = 0; line < ahead * OUTS * in; line += 64 / sizeof(float))
+            prefetch(w + first * OUTS * in + line);
+        for (long o = first * OUTS; o < last * OUTS; o += OUTS) {
+            float dots[RB * OUTS];
+            for (long r = 0; r < n; r += RB) {
+                const long nr = n - r < RB ? n - r : RB;
+                const float *xr = rows + r * stride;
+                const float *wo = w + o * in;
+                if (nr == 4) pass_4(xr, stride, wo, in, dots, OUTS);
+                else if (nr == 3) pass_3(xr, stride, wo, in, dots, OUTS);
+                else if (nr == 2) pass_2(xr, stride, wo, in, dots, OUTS);
+                else pass_1(xr, stride, wo, in, dots, OUTS);
+                for (long j = 0; j < nr; j++)
+                    for (int i = 0; i < OUTS; i++) {
+                        float v = dots[j * OUTS + i];
+                        if (bias) v = v + bias[o + i];
+                        if (do_gelu) v = gelu(v);
+                        if (residual) v = residual[(r + j) * rs + o + i] + v;
+                        y[(r + j) * ys + o + i] = v;
+                    }
+            }
+        }
+    }
+    return 0;
+}
+
+#pragma GCC pop_options

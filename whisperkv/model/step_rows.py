@@ -1,0 +1,98 @@
+"""A float32 decoder step's linears, each with its LayerNorm, bias, GELU and residual, in one C call.
+
+Why: a float32 decoder step of tiny.en spent about as long in the small tensor operations around its
+24 products (padding a lone row to two columns, transposes, copies, LayerNorms, bias, GELU, residual
+adds: a dozen PyTorch calls per linear) as in the products themselves (a profile of
+``TextDecoder.forward_rows``: 1.5 ms of products and about 2 ms of the rest). ``kernels/rows_f32.c``
+does a linear and everything around it in one call, every output of every row one dot product in a
+fixed order: a row's bits depend neither on the rows beside it nor on the thread count (no chunk-width
+rule as ``model/row_gemm.py`` needs for MKL).
+
+``DecoderBlock.forward_rows`` runs through it where a float32 CPU model has the kernels' library
+(``use_attention_kernels``); the row-GEMM path stays as its slow twin (``use_attention_kernels(model,
+rows=False)``), and the digest of weights names which one made a model's numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from whisperkv.model.attend_kernel import load_kernel
+
+LANES = 16  # the input width must be a multiple of it (LANES in rows_f32.c)
+OUTS = 4  # and the output width of this (OUTS)
+
+
+class StepRowsKernel:
+    """``y = epilogue(W · LayerNorm(x) + b)`` for float32 rows [n, in] in one C call (``rows_f32.c``)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._rows = library.wkv_rows_f32
+        self._rows.restype = ctypes.c_int
+        pointer, long = ctypes.c_void_p, ctypes.c_long
+        self._rows.argtypes = [pointer, long, long, pointer, pointer, ctypes.c_float, pointer, pointer]
+        self._rows.argtypes += [pointer, long, long, ctypes.c_int, pointer, long, pointer, long]
+
+    def __deepcopy__(self, memo: dict) -> StepRowsKernel:
+        return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
+
+    def __reduce__(self) -> tuple:
+        return (load_step_rows, ())  # another process loads (or builds) its own
+
+    @staticmethod
+    def takes(weight: torch.Tensor) -> bool:
+        """Whether a linear's weight [out, in] is one this kernel multiplies."""
+        out, width = weight.shape
+        return (
+            weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.is_contiguous()
+            and width % LANES == 0
+            and out % OUTS == 0
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Rows ``x`` [n, in] (float32, unit stride along a row) → [n, out]: ``norm`` first when given,
+        then the product and ``bias``, then GELU when ``gelu``, then ``+ residual`` [n, out] when given."""
+        n, width = x.shape
+        out = weight.shape[0]
+        y = torch.empty(n, out)
+        scratch = torch.empty(n, width) if norm is not None else None
+        failed = self._rows(
+            x.data_ptr(),
+            n,
+            x.stride(0),
+            norm.weight.data_ptr() if norm is not None else None,
+            norm.bias.data_ptr() if norm is not None else None,
+            norm.eps if norm is not None else 0.0,
+            scratch.data_ptr() if scratch is not None else None,
+            weight.data_ptr(),
+            bias.data_ptr() if bias is not None else None,
+            out,
+            width,
+            int(gelu),
+            residual.data_ptr() if residual is not None else None,
+            residual.stride(0) if residual is not None else 0,
+            y.data_ptr(),
+            out,
+        )
+        if failed:  # ``takes`` keeps this from happening
+            raise ValueError(f"the step rows kernel does not take a {out} x {width} matrix")
+        return y
+
+
+def load_step_rows() -> StepRowsKernel | None:
+    """The kernel, from the library ``load_kernel`` builds; None where it cannot be built."""
+    built = load_kernel()
+    return StepRowsKernel(built.library) if built is not None else None
