@@ -67,6 +67,7 @@ class WhisperKV(Engine):
         screen: bool = False,
         sdpa: bool = False,
         hold_end: bool = True,
+        gemm: bool = False,
     ) -> None:
         import torch
 
@@ -77,9 +78,13 @@ class WhisperKV(Engine):
         self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
         if sdpa:  # PyTorch's SDPA everywhere: int8 as before round 6, float32 as before round 9
             use_attention_kernels(self.model, on=False)
+        if gemm:  # float32 steps' linears through the row GEMMs, as before round 11
+            use_attention_kernels(self.model, rows=False)
         layout = current_layout(self.model.decoder)
         if any(getattr(m, "kernel", None) is not None for m in self.model.decoder.blocks[0].mlp.modules()):
             layout += " rows kernel"
+        if self.model.decoder.blocks[0].step_rows is not None:
+            layout += ", linears kernel"
         if self.model.decoder.attention_kernel is not None:
             layout += ", attn kernel"
         if self.model.decoder.kv_dtype == torch.bfloat16:
@@ -247,6 +252,7 @@ class OpenAIWhisper(Engine):
 ENGINES = (
     "whisperkv-fp32",
     "whisperkv-fp32-sdpa",
+    "whisperkv-fp32-gemm",
     "whisperkv-fp32-screened",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
@@ -276,6 +282,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             screen=spec.endswith("-screened"),
             sdpa=spec.endswith("-sdpa"),
             hold_end=not spec.endswith("-nohold"),
+            gemm=spec.endswith("-gemm"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
@@ -507,7 +514,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for
-    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa", "-nohold"))]
+    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa", "-nohold", "-gemm"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -585,7 +592,7 @@ def main() -> int:
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
     for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
-        for suffix in ("-sdpa", "-screened"):
+        for suffix in ("-sdpa", "-screened", "-gemm"):
             plain = (spec.removesuffix(suffix), audio_name, mode)
             if spec.endswith(suffix) and plain in table:
                 print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")

@@ -16,8 +16,9 @@ from torch import nn
 from whisperkv.model.attend_kernel import SOURCES, use_attention_kernels
 from whisperkv.model.step_rows import StepRowsKernel, load_step_rows
 
-#: (out, in) of tiny.en's and base's decoder linears, and one with bias-free rows
-SHAPES = [(1152, 384), (384, 1536), (1536, 512), (64, 16)]
+#: (out, in) of tiny.en's and base's decoder linears, and widths not a multiple of the 4 outputs a pass
+#: computes (base's multilingual vocabulary is 51,865 tokens)
+SHAPES = [(1152, 384), (384, 1536), (1536, 512), (67, 32), (3, 16)]
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +121,11 @@ def test_a_rows_bits_depend_on_nothing_beside_it(kernel, tmp_path):
 
 
 def test_widths_it_does_not_take_are_refused(kernel):
-    """An input width not a multiple of 16, or an output width not of 4: ``takes`` says no, and a call
-    raises instead of writing anything."""
-    assert not kernel.takes(torch.zeros(384, 20)) and not kernel.takes(torch.zeros(386, 384))
+    """An input width not a multiple of 16, another dtype, a transposed matrix: ``takes`` says no, and
+    a call raises instead of writing anything."""
+    assert not kernel.takes(torch.zeros(384, 20)) and not kernel.takes(torch.zeros(384, 32).T)
     assert not kernel.takes(torch.zeros(384, 384, dtype=torch.float64))
-    assert kernel.takes(torch.zeros(384, 384))
+    assert kernel.takes(torch.zeros(384, 384)) and kernel.takes(torch.zeros(51865, 512))
     with pytest.raises(ValueError, match="does not take a 384 x 20 matrix"):
         kernel(torch.zeros(1, 20), torch.zeros(384, 20), None)
 

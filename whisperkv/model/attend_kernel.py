@@ -220,6 +220,11 @@ def use_attention_kernels(
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
         block.step_rows = step_rows
+    projection = model.decoder.logits_projection
+    if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs
+        projection.kernel = step_rows
+        if model.decoder.vocab_screen is not None:
+            model.decoder.vocab_screen.recheck()  # its exact rows must have the new product's bits
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16

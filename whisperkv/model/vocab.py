@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from whisperkv.model.row_gemm import RowWidths, rows_times
 from whisperkv.model.vocab_screen import attach_screen
+
+if TYPE_CHECKING:
+    from whisperkv.model.step_rows import StepRowsKernel
 
 LAYOUTS = ("rows", "columns", "rows-numpy", "rows-gemm")
 #: the layout a CPU float32 model gets unless asked otherwise (fixed: results must not depend on a timing)
@@ -85,12 +89,26 @@ class ChunkedRowProjection(nn.Module):
         super().__init__()
         self.weight = weight.detach()
         self.widths = RowWidths(self.weight)
+        #: the float32 step's linears kernel (``model/step_rows.py``) where the model steps through it:
+        #: each logit one fixed-order dot product, read at memory speed; None: the chunked GEMMs
+        self.kernel: StepRowsKernel | None = None
 
     def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return x @ self.weight.to(x.dtype).T
         rows = x.reshape(-1, x.shape[-1])
+        if self.kernel is not None:
+            return self.kernel(rows, self.weight, None).reshape(*x.shape[:-1], -1)
         return rows_times(self.weight, rows, self.widths, sizes).reshape(*x.shape[:-1], -1)
+
+    def rows_of(self, table_rows: torch.Tensor, hidden_row: torch.Tensor) -> torch.Tensor:
+        """Logits [k] of one hidden row [d] against some rows [k, d] of the table, with the bits the full
+        projection gives those tokens (the vocabulary screen's exact rows, ``model/vocab_screen.py``):
+        the kernel's dot products are each row's own; the GEMMs' are checked by the screen."""
+        if self.kernel is not None:
+            return self.kernel(hidden_row[None], table_rows, None)[0]
+        pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])  # row_gemm's padded chunk of 2
+        return torch.mm(table_rows, pair.T)[:, 0]
 
 
 def _timings(n_vocab: int, n_state: int, repeats: int) -> dict[str, float]:

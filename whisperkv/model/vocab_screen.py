@@ -57,9 +57,14 @@ class ScreenedRows(NamedTuple):
 class VocabScreen:
     """The int8 copy of a float32 vocabulary table [V, d] and its per-row norms, bound to that table."""
 
-    def __init__(self, table: torch.Tensor, kernel: Int8RowsKernel | None = None) -> None:
-        """``kernel``: the int8 rows kernel to multiply with (``load_rows_kernel()``), else ``_int_mm``."""
+    def __init__(
+        self, table: torch.Tensor, kernel: Int8RowsKernel | None = None, projection: nn.Module | None = None
+    ) -> None:
+        """``kernel``: the int8 rows kernel to multiply with (``load_rows_kernel()``), else ``_int_mm``.
+        ``projection``: the full product whose bits the exact rows must have (``ChunkedRowProjection``:
+        its ``rows_of``); None: the chunked GEMMs' (a padded chunk of two rows)."""
         self.table = table.detach()
+        self.projection = projection
         n_vocab, width = self.table.shape
         self.kernel = kernel if kernel is not None and kernel.takes(width) else None
         self.scale = row_scales(self.table, BLOCK)
@@ -193,7 +198,14 @@ class VocabScreen:
             return self._times(self.table[start:stop], hidden_row)
         return self.exact(hidden_row, torch.arange(start, stop))
 
+    def recheck(self) -> None:
+        """Check the exact rows' bits again: the full product changed how it multiplies (its kernel)."""
+        self._slices.clear()
+        self.sound = self._exact_bits_match()
+
     def _times(self, rows: torch.Tensor, hidden_row: torch.Tensor) -> torch.Tensor:
+        if self.projection is not None:
+            return self.projection.rows_of(rows, hidden_row)
         # the full product's shape for one row: ``table @ [h; 0].T`` (row_gemm's padded chunk of 2)
         pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])
         return torch.mm(rows, pair.T)[:, 0]
@@ -235,4 +247,4 @@ def attach_screen(decoder: nn.Module) -> None:
     if table.dtype != torch.float32 or table.device.type != "cpu" or not table.is_contiguous():
         decoder.vocab_screen = None
         return
-    decoder.vocab_screen = VocabScreen(table, load_rows_kernel())
+    decoder.vocab_screen = VocabScreen(table, load_rows_kernel(), decoder.logits_projection)

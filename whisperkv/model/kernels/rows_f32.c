@@ -24,7 +24,7 @@
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
 
 #define LANES 16 /* floats per vector; the input width must be a multiple of it */
-#define OUTS 4   /* outputs per pass over the rows; the output width must be a multiple of it */
+#define OUTS 4   /* outputs per pass over the rows (the last out % OUTS one at a time) */
 #define RB 4     /* rows per pass: OUTS x RB sums held in registers */
 
 /* Output blocks ahead whose weights are fetched while this one is multiplied: the weights are read
@@ -80,29 +80,66 @@ static inline float vsum(vec v)
 }
 #endif
 
-/* Dot products of OUTS weight rows with NR input rows (NR fixed, so the sums stay in registers). */
-#define ROWS_PASS(NR)                                                                                     \
-    static void pass_##NR(const float *x, long xs, const float *w, long in, float *dots, long ds)       \
+static inline float gelu(float v) { return v * 0.5f * (1.f + erff(v * (float)M_SQRT1_2)); }
+
+/* Dot products of NO weight rows with NR input rows (both fixed, so the sums stay in registers). Each
+ * sum is the same sequence of operations whatever NO and NR are: an output's bits never depend on them. */
+#define ROWS_PASS(NO, NR)                                                                                 \
+    static void pass_##NO##_##NR(const float *x, long xs, const float *w, long in, float *dots, long ds)  \
     {                                                                                                     \
-        vec acc[OUTS][NR];                                                                                \
-        for (int i = 0; i < OUTS; i++)                                                                    \
+        vec acc[NO][NR];                                                                                  \
+        for (int i = 0; i < NO; i++)                                                                      \
             for (int j = 0; j < NR; j++) acc[i][j] = vzero();                                             \
         for (long k = 0; k < in; k += LANES) {                                                            \
             vec xv[NR];                                                                                   \
             for (int j = 0; j < NR; j++) xv[j] = vload(x + j * xs + k);                                   \
-            for (int i = 0; i < OUTS; i++) {                                                              \
+            for (int i = 0; i < NO; i++) {                                                                \
                 prefetch(w + (AHEAD * OUTS + i) * in + k);                                                \
                 const vec wv = vload(w + i * in + k);                                                     \
                 for (int j = 0; j < NR; j++) acc[i][j] = vfma(wv, xv[j], acc[i][j]);                      \
             }                                                                                             \
         }                                                                                                 \
         for (int j = 0; j < NR; j++)                                                                      \
-            for (int i = 0; i < OUTS; i++) dots[j * ds + i] = vsum(acc[i][j]);                            \
+            for (int i = 0; i < NO; i++) dots[j * ds + i] = vsum(acc[i][j]);                              \
     }
-ROWS_PASS(1)
-ROWS_PASS(2)
-ROWS_PASS(3)
-ROWS_PASS(4)
+ROWS_PASS(OUTS, 1)
+ROWS_PASS(OUTS, 2)
+ROWS_PASS(OUTS, 3)
+ROWS_PASS(OUTS, 4)
+ROWS_PASS(1, 1) /* the last out % OUTS outputs */
+ROWS_PASS(1, 2)
+ROWS_PASS(1, 3)
+ROWS_PASS(1, 4)
+
+/* Outputs o .. o + no - 1 (no: OUTS, or 1 for the last few) of every row, with the epilogue. */
+static void outputs(const float *rows, long stride, long n, const float *w, long in, long o, long no,
+                    const float *bias, int do_gelu, const float *residual, long rs, float *y, long ys)
+{
+    float dots[RB * OUTS];
+    for (long r = 0; r < n; r += RB) {
+        const long nr = n - r < RB ? n - r : RB;
+        const float *xr = rows + r * stride, *wo = w + o * in;
+        if (no == OUTS) {
+            if (nr == 4) pass_OUTS_4(xr, stride, wo, in, dots, OUTS);
+            else if (nr == 3) pass_OUTS_3(xr, stride, wo, in, dots, OUTS);
+            else if (nr == 2) pass_OUTS_2(xr, stride, wo, in, dots, OUTS);
+            else pass_OUTS_1(xr, stride, wo, in, dots, OUTS);
+        } else {
+            if (nr == 4) pass_1_4(xr, stride, wo, in, dots, OUTS);
+            else if (nr == 3) pass_1_3(xr, stride, wo, in, dots, OUTS);
+            else if (nr == 2) pass_1_2(xr, stride, wo, in, dots, OUTS);
+            else pass_1_1(xr, stride, wo, in, dots, OUTS);
+        }
+        for (long j = 0; j < nr; j++)
+            for (long i = 0; i < no; i++) {
+                float v = dots[j * OUTS + i];
+                if (bias) v = v + bias[o + i];
+                if (do_gelu) v = gelu(v);
+                if (residual) v = residual[(r + j) * rs + o + i] + v;
+                y[(r + j) * ys + o + i] = v;
+            }
+    }
+}
 
 static void layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out)
 {
@@ -121,18 +158,16 @@ static void layer_norm(const float *x, long in, const float *weight, const float
     for (long k = 0; k < in; k++) out[k] = (x[k] - mean) * rstd * weight[k] + bias[k];
 }
 
-static inline float gelu(float v) { return v * 0.5f * (1.f + erff(v * (float)M_SQRT1_2)); }
-
 /* y[r] = epilogue(W · norm(x[r]) + bias) for n rows: x [n, in] (row stride xs), W [out, in] row-major.
  * norm: LayerNorm with ln_weight/ln_bias/eps when ln_weight is not NULL (into scratch, [n, in]);
  * epilogue: GELU when gelu is set, then + residual[r] (row stride rs) when residual is not NULL.
  * y [n, out] (row stride ys) may be the residual itself. bias may be NULL.
- * Returns 0, or 1 when the widths are not multiples of LANES (in) and OUTS (out): nothing written. */
+ * Returns 0, or 1 when the input width is not a multiple of LANES: nothing written. */
 int wkv_rows_f32(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,
                  float *scratch, const float *w, const float *bias, long out, long in, int do_gelu,
                  const float *residual, long rs, float *y, long ys)
 {
-    if (in % LANES || out % OUTS || n < 1) return 1;
+    if (in % LANES || n < 1 || out < 1) return 1;
 #pragma omp parallel
     {
         const float *rows = x;
@@ -150,26 +185,11 @@ int wkv_rows_f32(const float *x, long n, long xs, const float *ln_weight, const 
         const long ahead = last - first < AHEAD ? last - first : AHEAD;
         for (long line = 0; line < ahead * OUTS * in; line += 64 / sizeof(float))
             prefetch(w + first * OUTS * in + line);
-        for (long o = first * OUTS; o < last * OUTS; o += OUTS) {
-            float dots[RB * OUTS];
-            for (long r = 0; r < n; r += RB) {
-                const long nr = n - r < RB ? n - r : RB;
-                const float *xr = rows + r * stride;
-                const float *wo = w + o * in;
-                if (nr == 4) pass_4(xr, stride, wo, in, dots, OUTS);
-                else if (nr == 3) pass_3(xr, stride, wo, in, dots, OUTS);
-                else if (nr == 2) pass_2(xr, stride, wo, in, dots, OUTS);
-                else pass_1(xr, stride, wo, in, dots, OUTS);
-                for (long j = 0; j < nr; j++)
-                    for (int i = 0; i < OUTS; i++) {
-                        float v = dots[j * OUTS + i];
-                        if (bias) v = v + bias[o + i];
-                        if (do_gelu) v = gelu(v);
-                        if (residual) v = residual[(r + j) * rs + o + i] + v;
-                        y[(r + j) * ys + o + i] = v;
-                    }
-            }
-        }
+        for (long o = first * OUTS; o < last * OUTS; o += OUTS)
+            outputs(rows, stride, n, w, in, o, OUTS, bias, do_gelu, residual, rs, y, ys);
+        if (t == threads - 1)
+            for (long o = blocks * OUTS; o < out; o++)
+                outputs(rows, stride, n, w, in, o, 1, bias, do_gelu, residual, rs, y, ys);
     }
     return 0;
 }
