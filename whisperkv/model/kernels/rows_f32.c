@@ -27,13 +27,19 @@
 #define OUTS 4   /* outputs per pass over the rows (the last out % OUTS one at a time) */
 #define RB 4     /* rows per pass: OUTS x RB sums held in registers */
 
-/* Output blocks ahead whose weights are fetched while this one is multiplied: the weights are read
- * once per step and are not in the CPU cache (the step's other reads push them out); without it a
- * product read them at 10 GB/s here (tiny.en's query/key/value 182 us a call), not at memory speed. */
-#define AHEAD 12
+/* Output blocks ahead whose weights are fetched (into the core's L2) while this one is multiplied: the
+ * weights are read once per step and are not in the CPU cache (the step's other reads push them out).
+ * Replaying a tiny.en greedy step's 24 linears and vocabulary product on its weights (scratch), 8 blocks
+ * into L2 took 1.18 + 2.58 ms, 12 blocks into L1 (which they overflow) 2.22 + 4.35, none 2.5 + 4.4. */
+#ifndef AHEAD
+#define AHEAD 8
+#endif
+#ifndef HINT
+#define HINT _MM_HINT_T1
+#endif
 
 #if defined(__AVX512F__)
-static inline void prefetch(const float *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+static inline void prefetch(const float *p) { _mm_prefetch((const char *)p, HINT); }
 typedef __m512 vec;
 static inline vec vzero(void) { return _mm512_setzero_ps(); }
 static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
