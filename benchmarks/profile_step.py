@@ -110,6 +110,15 @@ def main() -> int:
         parts["whole step, engine, 5 beam rows"] = median_ms(
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
+        if decoder.blocks[0].step_rows is not None:  # float32: its twin, the row GEMMs (before round 11)
+            from whisperkv.model.attend_kernel import use_attention_kernels
+
+            use_attention_kernels(model, rows=False)
+            parts["whole step, engine, 1 row, row GEMMs"] = median_ms(engine_step, args.repeats)
+            parts["whole step, engine, 5 beam rows, row GEMMs"] = median_ms(
+                lambda: engine_step(beams, beam_tokens), args.repeats
+            )
+            use_attention_kernels(model)
         if decoder.vocab_screen is not None:  # float32: greedy steps may read the int8 screen instead
             full_step, screened_step = _greedy_steps(model, cache, held, token)
             parts["greedy step and token choice, full product"] = median_ms(full_step, args.repeats)
@@ -150,6 +159,8 @@ def main() -> int:
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
     attention = "SDPA" if model.decoder.attention_kernel is None else "the C kernel (decoder steps)"
+    if model.decoder.blocks[0].step_rows is not None:
+        attention += "; linears and vocabulary: the step rows kernel (the row GEMMs where named)"
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
     print(f"attention: {attention}")
     print("load-time layout measurement (ms): " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timings.items()))

@@ -176,3 +176,26 @@ def test_one_steps_logits_agree_with_the_row_gemms(tiny_model, speech_dir):
     assert logits[True].shape == (6, decoder.token_embedding.weight.shape[0])
     assert (logits[True] - logits[False]).abs().max().item() < 1e-4
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+
+
+def test_the_vocabulary_projection_reads_through_it_and_keeps_it_when_relaid(tiny_model):
+    """The tied projection of a float32 model is the kernel's too (one row's logits are the row's own
+    dot products), and storing the table again (``apply_layout``) keeps it."""
+    from whisperkv.model.vocab import apply_layout
+
+    decoder = tiny_model.decoder
+    projection = decoder.logits_projection
+    assert projection.kernel is decoder.blocks[0].step_rows is not None
+    hidden = torch.randn(
+        3, decoder.token_embedding.weight.shape[1], generator=torch.Generator().manual_seed(2)
+    )
+    with torch.no_grad():
+        together = decoder.project(hidden, [1, 1, 1])
+        alone = torch.cat([decoder.project(hidden[i : i + 1], [1]) for i in range(3)])
+        assert torch.equal(together, alone)
+        assert (
+            together.double() - hidden.double() @ decoder.token_embedding.weight.double().T
+        ).abs().max() < 1e-4
+        apply_layout(decoder, "rows-gemm")
+        assert decoder.logits_projection.kernel is decoder.blocks[0].step_rows
+        assert torch.equal(decoder.project(hidden, [1, 1, 1]), together)

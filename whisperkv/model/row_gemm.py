@@ -1,5 +1,10 @@
 """One-position rows through the decoder's matrices as GEMMs of 2 or 3 columns: fast, and row-exact.
 
+Since round 11 a float32 model with the kernels' library steps through ``model/step_rows.py`` instead
+(each linear with its LayerNorm, bias, GELU and residual in one C call; row-exact by construction);
+this module stays the path without a C compiler, the slow twin in the tests, and the layer every
+decoder linear is (``RowGemmLinear``: prompts and the encoder-side shapes still go through it).
+
 A decoder step multiplies a few rows (one per beam, per request) by every weight matrix of the decoder
 and by the 51,864-token vocabulary table: a memory-bound product whose speed depends on how the BLAS
 reads the matrix. Measured on this project's CPU (MKL, AVX-512), float32, 2 threads:
