@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import clip_path, english_clips
+from whisperkv.model.attend_kernel import use_attention_kernels
 from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, column_major, current_layout
 from whisperkv.weights.ctranslate2 import load_ctranslate2, model_bin_parts, read_model_bin
 
@@ -38,6 +39,7 @@ def _layout_runs(model, clips: list, layouts=LAYOUTS) -> tuple[dict[str, list], 
             logits[layout] = [r.step_logits for r in runs]
     finally:
         apply_layout(decoder, before)
+        use_attention_kernels(model)  # the table float16 again, where the step rows kernel reads it
     worst = 0.0
     for layout in layouts:
         for mine, ref in zip(logits[layout], logits["rows"]):
@@ -51,7 +53,7 @@ def test_every_vocabulary_layout_gives_the_reference_logits_and_tokens(tiny_mode
     decoder = tiny_model.decoder
     before = current_layout(decoder)
     x = torch.randn(3, 1, 384, generator=torch.Generator().manual_seed(1))
-    table = decoder.token_embedding.weight.detach().contiguous()
+    table = decoder.token_embedding.weight.detach().float().contiguous()  # float16-held: exact values
     reference = x @ table.T
     try:
         for layout in LAYOUTS:
@@ -62,6 +64,7 @@ def test_every_vocabulary_layout_gives_the_reference_logits_and_tokens(tiny_mode
                 assert (_project(decoder, rows) - reference[: rows.shape[0]]).abs().max() < 1e-4, layout
     finally:
         apply_layout(decoder, before)
+        use_attention_kernels(tiny_model)  # the table float16 again, where the step rows kernel reads it
     clips = sorted(english_clips(), key=lambda r: float(r["duration_s"]))[2:4]  # two short real clips
     tokens, worst = _layout_runs(tiny_model, [clip_path(r) for r in clips])
     assert all(tokens[layout] == tokens["rows"] for layout in LAYOUTS)
@@ -258,7 +261,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         (block.attn.qkv.weight, block.attn.qkv),
         (block.mlp[0].weight, block.mlp[0]),
         (block.mlp[2].weight, block.mlp[2]),
-        (decoder.token_embedding.weight, decoder.logits_projection),
+        (decoder.token_embedding.weight.float(), decoder.logits_projection),  # the GEMMs read float32
     ):
         rows = x[:, : weight.shape[1]].contiguous()
         widths = linear.widths
@@ -286,6 +289,8 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         # the module itself takes one-position rows this way, and longer inputs as F.linear does
         bias = getattr(linear, "bias", None)
         expected = rows_times(weight, rows[:4], widths, None, None if bias is None else bias[:, None])
+        if getattr(linear, "kernel", None) is not None:  # the projection reads through the steps' kernel
+            expected = linear.kernel(rows[:4], linear.weight, None)
         assert torch.equal(linear(rows[:4, None])[:, 0], expected)
         if linear is not decoder.logits_projection:  # the projection reads every row its own way
             prompt = rows[None, :4]  # several positions of one row: F.linear as before

@@ -196,6 +196,36 @@ def test_the_vocabulary_projection_reads_through_it_and_keeps_it_when_relaid(tin
         assert (
             together.double() - hidden.double() @ decoder.token_embedding.weight.double().T
         ).abs().max() < 1e-4
-        apply_layout(decoder, "rows-gemm")
+        apply_layout(decoder, "rows-gemm")  # float32 again: the same logits
         assert decoder.logits_projection.kernel is decoder.blocks[0].step_rows
         assert torch.equal(decoder.project(hidden, [1, 1, 1]), together)
+        use_attention_kernels(tiny_model)
+
+
+def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_model):
+    """tiny.en is stored in float16, so its float32 table holds float16 values: the kernel reads a
+    float16 copy (half the bytes a step reads, half the memory) and gives the float32 table's bits. A
+    table with values a float16 cannot hold stays float32."""
+    from whisperkv.model.step_rows import half_table
+
+    decoder = tiny_model.decoder
+    table = decoder.token_embedding.weight
+    assert table.dtype == torch.float16 and decoder.logits_projection.weight.data_ptr() == table.data_ptr()
+    hidden = torch.randn(5, table.shape[1], generator=torch.Generator().manual_seed(4))
+    kernel = decoder.blocks[0].step_rows
+    with torch.no_grad():
+        assert torch.equal(kernel(hidden, table, None), kernel(hidden, table.float(), None))
+        assert torch.equal(decoder.project(hidden, [5]), kernel(hidden, table.float(), None))
+        tokens = torch.tensor([[50257, 440, 1002]])
+        assert decoder._embed(tokens, 0).dtype == torch.float32
+    assert half_table(table.float()) is not None
+    off = table.float().clone()
+    off[7, 3] += 1e-7  # not a float16 any more
+    assert half_table(off) is None
+    try:
+        use_attention_kernels(tiny_model, rows=False)  # the row GEMMs read float32
+        assert decoder.token_embedding.weight.dtype == torch.float32
+        assert torch.equal(decoder.token_embedding.weight, table.float())
+    finally:
+        use_attention_kernels(tiny_model)
+    assert decoder.token_embedding.weight.dtype == torch.float16

@@ -10,6 +10,7 @@ import torch
 import whisperkv
 import whisperkv.decoding.screened as screened_module
 from whisperkv.engine import Scheduler
+from whisperkv.model.attend_kernel import use_attention_kernels
 from whisperkv.model.vocab import apply_layout
 
 from .conftest import speech_audio as _audio
@@ -57,6 +58,9 @@ def test_screen_is_opt_in_sound_and_follows_the_table(screened_model):
     apply_layout(decoder, "rows-gemm")  # a screened decoder keeps a screen, of its table now
     assert decoder.vocab_screen is not None and decoder.vocab_screen is not screen
     assert decoder.vocab_screen.serves(decoder.token_embedding.weight)
+    assert decoder.logits_projection.kernel is decoder.blocks[0].step_rows  # the steps' kernel
+    use_attention_kernels(screened_model)  # the table float16 again where the step rows kernel reads it
+    assert decoder.vocab_screen.sound and decoder.vocab_screen.serves(decoder.token_embedding.weight)
 
 
 def test_exact_rows_have_the_full_products_bits(screened_model):

@@ -215,6 +215,7 @@ def use_attention_kernels(
             f"the attention kernel is for float32 and int8 models on the CPU, not {model.dtype} "
             f"on {model.device.type}"
         )
+    digest = model.weights_digest.split(ATTENTION_MARK)[0]  # of the weights as loaded (float32)
     kernel = load_kernel() if on else None
     step_rows = _step_rows(model) if kernel is not None and rows and not int8 else None
     for block in model.decoder.blocks:
@@ -223,6 +224,7 @@ def use_attention_kernels(
     projection = model.decoder.logits_projection
     if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs
         projection.kernel = step_rows
+        _store_table(model.decoder, half=step_rows is not None)
         if model.decoder.vocab_screen is not None:
             model.decoder.vocab_screen.recheck()  # its exact rows must have the new product's bits
     caches = int8 and kernel is not None and bfloat16_caches
@@ -230,7 +232,6 @@ def use_attention_kernels(
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16
     for block in model.encoder.blocks:
         block.attn.kernel = HeadByHeadAttention() if head_by_head else None
-    digest = model.weights_digest.split(ATTENTION_MARK)[0]
     if not int8 and kernel is None:
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
@@ -238,6 +239,27 @@ def use_attention_kernels(
     decoder += ", linears kernel" if step_rows is not None else ""
     encoder = "head-by-head" if head_by_head else "sdpa"
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
+
+
+def _store_table(decoder: torch.nn.Module, half: bool) -> None:
+    """The tied vocabulary table in float16 where the step rows kernel reads it and every value is a
+    float16 (``step_rows.half_table``: the same logits, bit for bit, from half the bytes and half the
+    memory), else in float32 (the row GEMMs, PyTorch's products)."""
+    from whisperkv.model.step_rows import half_table
+
+    table = decoder.token_embedding.weight.detach()
+    if half and table.dtype == torch.float32:
+        stored = half_table(table)
+    elif not half and table.dtype == torch.float16:
+        stored = table.float()
+    else:
+        return
+    if stored is None:  # values a float16 cannot hold: the float32 table stays
+        return
+    decoder.token_embedding.weight = torch.nn.Parameter(stored, requires_grad=False)
+    decoder.logits_projection.weight = stored
+    if decoder.vocab_screen is not None:
+        decoder.vocab_screen.table = stored
 
 
 def _step_rows(model: Whisper) -> StepRowsKernel | None:

@@ -197,6 +197,8 @@ class TextDecoder(nn.Module):
         if end > self.n_ctx:
             raise ValueError(f"text context is {self.n_ctx} tokens; position {end - 1} is past it")
         embedded = self.token_embedding(tokens)
+        if embedded.dtype == torch.float16 and self.positional_embedding.dtype == torch.float32:
+            embedded = embedded.float()  # the float16 copy of a float16-valued table: exact
         return embedded + self.positional_embedding[offset:end].to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:

@@ -119,6 +119,6 @@ def can_draft(decoder: nn.Module) -> bool:
     weight = decoder.token_embedding.weight
     return (
         isinstance(decoder.logits_projection, ChunkedRowProjection)
-        and weight.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.float16)  # float16: the step rows kernel's exact copy
         and weight.device.type == "cpu"
     )

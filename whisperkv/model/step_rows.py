@@ -34,6 +34,9 @@ class StepRowsKernel:
         pointer, long = ctypes.c_void_p, ctypes.c_long
         self._rows.argtypes = [pointer, long, long, pointer, pointer, ctypes.c_float, pointer, pointer]
         self._rows.argtypes += [pointer, long, long, ctypes.c_int, pointer, long, pointer, long]
+        #: the same for float16 weights, widened exactly in the kernel (``half_table``)
+        self._half = library.wkv_rows_f32_half
+        self._half.restype, self._half.argtypes = ctypes.c_int, self._rows.argtypes
 
     def __deepcopy__(self, memo: dict) -> StepRowsKernel:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -46,7 +49,7 @@ class StepRowsKernel:
         """Whether a linear's weight [out, in] is one this kernel multiplies."""
         return (
             weight.dim() == 2
-            and weight.dtype == torch.float32
+            and weight.dtype in (torch.float32, torch.float16)
             and weight.device.type == "cpu"
             and weight.is_contiguous()
             and weight.shape[1] % LANES == 0
@@ -62,12 +65,14 @@ class StepRowsKernel:
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rows ``x`` [n, in] (float32, unit stride along a row) → [n, out]: ``norm`` first when given,
-        then the product and ``bias``, then GELU when ``gelu``, then ``+ residual`` [n, out] when given."""
+        then the product and ``bias``, then GELU when ``gelu``, then ``+ residual`` [n, out] when given.
+        A float16 ``weight`` is widened exactly: the product has the bits of its float32 copy's."""
         n, width = x.shape
         out = weight.shape[0]
         y = torch.empty(n, out)
         scratch = torch.empty(n, width) if norm is not None else None
-        failed = self._rows(
+        rows = self._half if weight.dtype == torch.float16 else self._rows
+        failed = rows(
             x.data_ptr(),
             n,
             x.stride(0),
@@ -88,6 +93,17 @@ class StepRowsKernel:
         if failed:  # ``takes`` keeps this from happening
             raise ValueError(f"the step rows kernel does not take a {out} x {width} matrix")
         return y
+
+
+def half_table(table: torch.Tensor) -> torch.Tensor | None:
+    """A float16 copy of a float32 table whose every value is a float16 (a checkpoint stored in float16,
+    as both bundled models are), else None: read through the kernel, it gives the float32 table's bits
+    from half the bytes (the vocabulary table is a float32 step's largest read)."""
+    half = table.half()
+    for start in range(0, table.shape[0], 4096):  # in blocks: no float32 temporary of the whole table
+        if not torch.equal(half[start : start + 4096].float(), table[start : start + 4096]):
+            return None
+    return half
 
 
 def load_step_rows() -> StepRowsKernel | None:

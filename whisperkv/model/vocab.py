@@ -165,8 +165,12 @@ def apply_layout(decoder: nn.Module, layout: str, screen: bool | None = None) ->
         screen = getattr(decoder, "vocab_screen", None) is not None
     embedding = decoder.token_embedding
     weight = embedding.weight.detach()
+    if weight.dtype == torch.float16:  # the kernel's float16 copy (``use_attention_kernels``): float32 here
+        weight = weight.float()
+        embedding.weight = nn.Parameter(weight, requires_grad=False)
     decoder.vocab_screen = None
-    kernel = getattr(decoder.logits_projection, "kernel", None)  # the step rows kernel stays in use
+    blocks = getattr(decoder, "blocks", None)
+    kernel = getattr(blocks[0], "step_rows", None) if blocks else None  # as the decoder's steps do
     if layout == "columns":
         embedding.weight = nn.Parameter(column_major(weight), requires_grad=False)
         decoder.logits_projection = None

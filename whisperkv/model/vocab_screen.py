@@ -80,7 +80,7 @@ class VocabScreen:
             self.row_sum = torch.empty(n_vocab, dtype=torch.int32)
         for start in range(0, n_vocab, BLOCK):  # in blocks: no float32 temporary of the whole table
             block = slice(start, start + BLOCK)
-            rows = self.table[block]
+            rows = self.table[block].float()
             qrows = quantize_rows(rows, self.scale[block])
             self.row_norm[block] = rows.norm(dim=1)
             self.error_norm[block] = (rows - qrows * self.scale[block, None]).norm(dim=1)
@@ -99,7 +99,7 @@ class VocabScreen:
         """Whether this screen is for ``table`` as it is now (the same float32 storage) and is sound."""
         return (
             self.sound
-            and table.dtype == torch.float32
+            and table.dtype in (torch.float32, torch.float16)
             and table.device.type == "cpu"
             and table.data_ptr() == self.table.data_ptr()
             and table.shape == self.table.shape
@@ -208,7 +208,7 @@ class VocabScreen:
             return self.projection.rows_of(rows, hidden_row)
         # the full product's shape for one row: ``table @ [h; 0].T`` (row_gemm's padded chunk of 2)
         pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])
-        return torch.mm(rows, pair.T)[:, 0]
+        return torch.mm(rows.float(), pair.T)[:, 0]
 
     def _exact_bits_match(self) -> bool:
         """Gathered products of several sizes give the full product's bits on this table and CPU."""

@@ -15,6 +15,7 @@
  * Compiled without -ffast-math, so each operation rounds as written. Built by model/attend_kernel.py. */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -39,10 +40,11 @@
 #endif
 
 #if defined(__AVX512F__)
-static inline void prefetch(const float *p) { _mm_prefetch((const char *)p, HINT); }
+static inline void prefetch(const void *p) { _mm_prefetch((const char *)p, HINT); }
 typedef __m512 vec;
 static inline vec vzero(void) { return _mm512_setzero_ps(); }
 static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vload_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vsum(vec v)
 {
@@ -55,7 +57,7 @@ static inline float vsum(vec v)
     return _mm_cvtss_f32(b);
 }
 #else /* the same order of operations, one lane at a time */
-static inline void prefetch(const float *p) { __builtin_prefetch(p); }
+static inline void prefetch(const void *p) { __builtin_prefetch(p); }
 typedef struct {
     float v[LANES];
 } vec;
@@ -69,6 +71,24 @@ static inline vec vload(const float *p)
 {
     vec r;
     memcpy(r.v, p, sizeof r.v);
+    return r;
+}
+static inline float half_to_float(uint16_t h) /* exact: every float16 is a float32 */
+{
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023;
+    union { uint32_t bits; float value; } out;
+    if (exponent == 31) out.bits = sign | 0x7f800000u | (mantissa << 13); /* inf, nan */
+    else if (exponent) out.bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else { /* zero or subnormal: mantissa x 2^-24, exact in float32 */
+        out.value = (float)mantissa * 0x1p-24f;
+        out.bits |= sign;
+    }
+    return out.value;
+}
+static inline vec vload_half(const uint16_t *p)
+{
+    vec r;
+    for (int i = 0; i < LANES; i++) r.v[i] = half_to_float(p[i]);
     return r;
 }
 static inline vec vfma(vec a, vec b, vec c)
@@ -89,9 +109,11 @@ static inline float vsum(vec v)
 static inline float gelu(float v) { return v * 0.5f * (1.f + erff(v * (float)M_SQRT1_2)); }
 
 /* Dot products of NO weight rows with NR input rows (both fixed, so the sums stay in registers). Each
- * sum is the same sequence of operations whatever NO and NR are: an output's bits never depend on them. */
-#define ROWS_PASS(NO, NR)                                                                                 \
-    static void pass_##NO##_##NR(const float *x, long xs, const float *w, long in, float *dots, long ds)  \
+ * sum is the same sequence of operations whatever NO and NR are: an output's bits never depend on them.
+ * Weights of type WT are widened to float32 by LOAD (float16 ones exactly), so a float16 copy of float16
+ * values gives the float32 copy's bits. */
+#define ROWS_PASS(NO, NR, WT, LOAD)                                                                       \
+    static void pass_##NO##_##NR##_##WT(const float *x, long xs, const WT *w, long in, float *dots, long ds) \
     {                                                                                                     \
         vec acc[NO][NR];                                                                                  \
         for (int i = 0; i < NO; i++)                                                                      \
@@ -101,51 +123,57 @@ static inline float gelu(float v) { return v * 0.5f * (1.f + erff(v * (float)M_S
             for (int j = 0; j < NR; j++) xv[j] = vload(x + j * xs + k);                                   \
             for (int i = 0; i < NO; i++) {                                                                \
                 prefetch(w + (AHEAD * OUTS + i) * in + k);                                                \
-                const vec wv = vload(w + i * in + k);                                                     \
+                const vec wv = LOAD(w + i * in + k);                                                      \
                 for (int j = 0; j < NR; j++) acc[i][j] = vfma(wv, xv[j], acc[i][j]);                      \
             }                                                                                             \
         }                                                                                                 \
         for (int j = 0; j < NR; j++)                                                                      \
             for (int i = 0; i < NO; i++) dots[j * ds + i] = vsum(acc[i][j]);                              \
     }
-ROWS_PASS(OUTS, 1)
-ROWS_PASS(OUTS, 2)
-ROWS_PASS(OUTS, 3)
-ROWS_PASS(OUTS, 4)
-ROWS_PASS(1, 1) /* the last out % OUTS outputs */
-ROWS_PASS(1, 2)
-ROWS_PASS(1, 3)
-ROWS_PASS(1, 4)
 
 /* Outputs o .. o + no - 1 (no: OUTS, or 1 for the last few) of every row, with the epilogue. */
-static void outputs(const float *rows, long stride, long n, const float *w, long in, long o, long no,
-                    const float *bias, int do_gelu, const float *residual, long rs, float *y, long ys)
-{
-    float dots[RB * OUTS];
-    for (long r = 0; r < n; r += RB) {
-        const long nr = n - r < RB ? n - r : RB;
-        const float *xr = rows + r * stride, *wo = w + o * in;
-        if (no == OUTS) {
-            if (nr == 4) pass_OUTS_4(xr, stride, wo, in, dots, OUTS);
-            else if (nr == 3) pass_OUTS_3(xr, stride, wo, in, dots, OUTS);
-            else if (nr == 2) pass_OUTS_2(xr, stride, wo, in, dots, OUTS);
-            else pass_OUTS_1(xr, stride, wo, in, dots, OUTS);
-        } else {
-            if (nr == 4) pass_1_4(xr, stride, wo, in, dots, OUTS);
-            else if (nr == 3) pass_1_3(xr, stride, wo, in, dots, OUTS);
-            else if (nr == 2) pass_1_2(xr, stride, wo, in, dots, OUTS);
-            else pass_1_1(xr, stride, wo, in, dots, OUTS);
-        }
-        for (long j = 0; j < nr; j++)
-            for (long i = 0; i < no; i++) {
-                float v = dots[j * OUTS + i];
-                if (bias) v = v + bias[o + i];
-                if (do_gelu) v = gelu(v);
-                if (residual) v = residual[(r + j) * rs + o + i] + v;
-                y[(r + j) * ys + o + i] = v;
-            }
+#define OUTPUTS(WT, LOAD)                                                                                 \
+    ROWS_PASS(OUTS, 1, WT, LOAD)                                                                          \
+    ROWS_PASS(OUTS, 2, WT, LOAD)                                                                          \
+    ROWS_PASS(OUTS, 3, WT, LOAD)                                                                          \
+    ROWS_PASS(OUTS, 4, WT, LOAD)                                                                          \
+    ROWS_PASS(1, 1, WT, LOAD)                                                                             \
+    ROWS_PASS(1, 2, WT, LOAD)                                                                             \
+    ROWS_PASS(1, 3, WT, LOAD)                                                                             \
+    ROWS_PASS(1, 4, WT, LOAD)                                                                             \
+    static void outputs_##WT(const float *rows, long stride, long n, const WT *w, long in, long o, long no, \
+                             const float *bias, int do_gelu, const float *residual, long rs, float *y, long ys) \
+    {                                                                                                     \
+        float dots[RB * OUTS];                                                                            \
+        for (long r = 0; r < n; r += RB) {                                                                \
+            const long nr = n - r < RB ? n - r : RB;                                                      \
+            const float *xr = rows + r * stride;                                                          \
+            const WT *wo = w + o * in;                                                                    \
+            if (no == OUTS) {                                                                             \
+                if (nr == 4) pass_OUTS_4_##WT(xr, stride, wo, in, dots, OUTS);                            \
+                else if (nr == 3) pass_OUTS_3_##WT(xr, stride, wo, in, dots, OUTS);                       \
+                else if (nr == 2) pass_OUTS_2_##WT(xr, stride, wo, in, dots, OUTS);                       \
+                else pass_OUTS_1_##WT(xr, stride, wo, in, dots, OUTS);                                    \
+            } else {                                                                                      \
+                if (nr == 4) pass_1_4_##WT(xr, stride, wo, in, dots, OUTS);                               \
+                else if (nr == 3) pass_1_3_##WT(xr, stride, wo, in, dots, OUTS);                          \
+                else if (nr == 2) pass_1_2_##WT(xr, stride, wo, in, dots, OUTS);                          \
+                else pass_1_1_##WT(xr, stride, wo, in, dots, OUTS);                                       \
+            }                                                                                             \
+            for (long j = 0; j < nr; j++)                                                                 \
+                for (long i = 0; i < no; i++) {                                                           \
+                    float v = dots[j * OUTS + i];                                                         \
+                    if (bias) v = v + bias[o + i];                                                        \
+                    if (do_gelu) v = gelu(v);                                                             \
+                    if (residual) v = residual[(r + j) * rs + o + i] + v;                                 \
+                    y[(r + j) * ys + o + i] = v;                                                          \
+                }                                                                                         \
+        }                                                                                                 \
     }
-}
+
+typedef uint16_t half; /* float16 bits */
+OUTPUTS(float, vload)
+OUTPUTS(half, vload_half)
 
 static void layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out)
 {
@@ -164,40 +192,46 @@ static void layer_norm(const float *x, long in, const float *weight, const float
     for (long k = 0; k < in; k++) out[k] = (x[k] - mean) * rstd * weight[k] + bias[k];
 }
 
-/* y[r] = epilogue(W · norm(x[r]) + bias) for n rows: x [n, in] (row stride xs), W [out, in] row-major.
+/* y[r] = epilogue(W · norm(x[r]) + bias) for n rows: x [n, in] (row stride xs), W [out, in] row-major
+ * (float32: wkv_rows_f32; float16: wkv_rows_f32_half, widened exactly).
  * norm: LayerNorm with ln_weight/ln_bias/eps when ln_weight is not NULL (into scratch, [n, in]);
  * epilogue: GELU when gelu is set, then + residual[r] (row stride rs) when residual is not NULL.
  * y [n, out] (row stride ys) may be the residual itself. bias may be NULL.
  * Returns 0, or 1 when the input width is not a multiple of LANES: nothing written. */
-int wkv_rows_f32(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,
-                 float *scratch, const float *w, const float *bias, long out, long in, int do_gelu,
-                 const float *residual, long rs, float *y, long ys)
-{
-    if (in % LANES || n < 1 || out < 1) return 1;
-#pragma omp parallel
-    {
-        const float *rows = x;
-        long stride = xs;
-        if (ln_weight) {
-#pragma omp for schedule(static)
-            for (long r = 0; r < n; r++) layer_norm(x + r * xs, in, ln_weight, ln_bias, eps, scratch + r * in);
-            rows = scratch; /* the loop's barrier: every row is normalised before any product */
-            stride = in;
-        }
-        /* each thread's outputs: a contiguous run of blocks, the first AHEAD of them fetched now
-         * (the loop below fetches each block AHEAD blocks before it is reached) */
-        const long blocks = out / OUTS, threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const long first = blocks * t / threads, last = blocks * (t + 1) / threads;
-        const long ahead = last - first < AHEAD ? last - first : AHEAD;
-        for (long line = 0; line < ahead * OUTS * in; line += 64 / sizeof(float))
-            prefetch(w + first * OUTS * in + line);
-        for (long o = first * OUTS; o < last * OUTS; o += OUTS)
-            outputs(rows, stride, n, w, in, o, OUTS, bias, do_gelu, residual, rs, y, ys);
-        if (t == threads - 1)
-            for (long o = blocks * OUTS; o < out; o++)
-                outputs(rows, stride, n, w, in, o, 1, bias, do_gelu, residual, rs, y, ys);
+#define ROWS_ENTRY(NAME, WT)                                                                              \
+    int NAME(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,   \
+             float *scratch, const WT *w, const float *bias, long out, long in, int do_gelu,               \
+             const float *residual, long rs, float *y, long ys)                                          \
+    {                                                                                                     \
+        if (in % LANES || n < 1 || out < 1) return 1;                                                     \
+        _Pragma("omp parallel")                                                                           \
+        {                                                                                                 \
+            const float *rows = x;                                                                        \
+            long stride = xs;                                                                             \
+            if (ln_weight) {                                                                              \
+                _Pragma("omp for schedule(static)") for (long r = 0; r < n; r++)                          \
+                    layer_norm(x + r * xs, in, ln_weight, ln_bias, eps, scratch + r * in);                \
+                rows = scratch; /* the loop's barrier: every row is normalised before any product */     \
+                stride = in;                                                                              \
+            }                                                                                             \
+            /* each thread's outputs: a contiguous run of blocks, the first AHEAD of them fetched now     \
+             * (each pass fetches the block AHEAD blocks after its own) */                                \
+            const long blocks = out / OUTS, threads = omp_get_num_threads(), t = omp_get_thread_num();    \
+            const long first = blocks * t / threads, last = blocks * (t + 1) / threads;                   \
+            const long ahead = last - first < AHEAD ? last - first : AHEAD;                               \
+            const char *start = (const char *)(w + first * OUTS * in);                                    \
+            for (long byte = 0; byte < ahead * OUTS * in * (long)sizeof(WT); byte += 64)                  \
+                prefetch(start + byte);                                                                   \
+            for (long o = first * OUTS; o < last * OUTS; o += OUTS)                                       \
+                outputs_##WT(rows, stride, n, w, in, o, OUTS, bias, do_gelu, residual, rs, y, ys);        \
+            if (t == threads - 1)                                                                         \
+                for (long o = blocks * OUTS; o < out; o++)                                                \
+                    outputs_##WT(rows, stride, n, w, in, o, 1, bias, do_gelu, residual, rs, y, ys);       \
+        }                                                                                                 \
+        return 0;                                                                                         \
     }
-    return 0;
-}
+
+ROWS_ENTRY(wkv_rows_f32, float)
+ROWS_ENTRY(wkv_rows_f32_half, half)
 
 #pragma GCC pop_options
