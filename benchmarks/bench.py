@@ -64,7 +64,7 @@ class WhisperKV(Engine):
         compute_type: str,
         batched: bool = False,
         vad: str = "energy",
-        screen: bool = False,
+        screen: bool | None = None,
         sdpa: bool = False,
         hold_end: bool = True,
         gemm: bool = False,
@@ -254,6 +254,7 @@ ENGINES = (
     "whisperkv-fp32-sdpa",
     "whisperkv-fp32-gemm",
     "whisperkv-fp32-screened",
+    "whisperkv-fp32-unscreened",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-batched-int8",
@@ -279,7 +280,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             compute,
             "batched" in spec,
             vad,
-            screen=spec.endswith("-screened"),
+            screen={"-screened": True, "-unscreened": False}.get(spec[spec.rfind("-") :]),
             sdpa=spec.endswith("-sdpa"),
             hold_end=not spec.endswith("-nohold"),
             gemm=spec.endswith("-gemm"),
@@ -514,7 +515,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for
-    default = [e for e in ENGINES if not e.endswith(("-screened", "-sdpa", "-nohold", "-gemm"))]
+    default = [e for e in ENGINES if not e.endswith(("screened", "-sdpa", "-nohold", "-gemm"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -592,7 +593,7 @@ def main() -> int:
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
     for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
-        for suffix in ("-sdpa", "-screened", "-gemm"):
+        for suffix in ("-sdpa", "-screened", "-unscreened", "-gemm"):
             plain = (spec.removesuffix(suffix), audio_name, mode)
             if spec.endswith(suffix) and plain in table:
                 print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")

@@ -59,7 +59,7 @@ def load_model(
     download_root: str | None = None,
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
-    vocab_screen: bool = False,
+    vocab_screen: bool | None = None,
     speculative: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
@@ -71,8 +71,9 @@ def load_model(
 
     ``vocab_screen`` (float32 CPU, ``rows-gemm``): greedy steps read an int8 copy of the vocabulary table
     and compute exactly only the tokens its bound cannot rule out (``model/vocab_screen.py``): the same
-    tokens; 13-17 % off tiny.en's greedy runs and 3-8 % off base's here (round 10), for 20-80 MB more
-    peak memory, which puts float32 over faster-whisper float32's peak on short files. Off by default.
+    tokens in less time (RESULTS, rounds 10 and 11). None (the default): on for float32 CPU models
+    unless ``speculative``, since round 11 (its 20-27 MB int8 table fits in what the float16 copy of
+    the float32 table saves, ``model/step_rows.py``); False turns it off.
 
     ``speculative`` (float32 CPU, ``rows-gemm``): keep an int8 draft of the decoder (``model/draft.py``)
     whose guesses greedy steps at temperature 0 check two rows at a time (``decoding/speculative.py``):
@@ -96,6 +97,8 @@ def load_model(
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
+    if vocab_screen is None:  # on where it applies: float32 on the CPU, not beside the draft
+        vocab_screen = not speculative and compute_type != "int8"
     if speculative and (
         compute_type == "int8"
         or vocab_screen
