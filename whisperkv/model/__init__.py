@@ -78,7 +78,7 @@ def load_model(
     ``speculative`` (float32 CPU, ``rows-gemm``): keep an int8 draft of the decoder (``model/draft.py``)
     whose guesses greedy steps at temperature 0 check two rows at a time (``decoding/speculative.py``):
     the same tokens and scores in fewer float32 steps. Not with ``vocab_screen`` (each replaces the
-    same greedy step). Off by default.
+    same greedy step: asking for it turns the default screen off). Off by default.
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
