@@ -40,8 +40,7 @@ def screened_model():
 def test_screen_is_opt_in_sound_and_follows_the_table(screened_model):
     from whisperkv.model.int8_rows import load_rows_kernel
 
-    assert whisperkv.load_model("tiny.en").decoder.vocab_screen is not None  # on by default (float32)
-    assert whisperkv.load_model("tiny.en", vocab_screen=False).decoder.vocab_screen is None
+    assert whisperkv.load_model("tiny.en").decoder.vocab_screen is None  # off by default
     if load_rows_kernel() is not None:  # multiplying through the rows kernel, in its layout only
         screen = screened_model.decoder.vocab_screen
         assert screen.kernel is not None and screen.qtable is None and screen.packed is not None

@@ -59,7 +59,7 @@ def load_model(
     download_root: str | None = None,
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
-    vocab_screen: bool | None = None,
+    vocab_screen: bool = False,
     speculative: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
@@ -71,14 +71,14 @@ def load_model(
 
     ``vocab_screen`` (float32 CPU, ``rows-gemm``): greedy steps read an int8 copy of the vocabulary table
     and compute exactly only the tokens its bound cannot rule out (``model/vocab_screen.py``): the same
-    tokens in less time (RESULTS, rounds 10 and 11). None (the default): on for float32 CPU models
-    unless ``speculative``, since round 11 (its 20-27 MB int8 table fits in what the float16 copy of
-    the float32 table saves, ``model/step_rows.py``); False turns it off.
+    tokens, in 0.88-0.99 of the time on tiny.en but 1.09-1.10 on base's longer files, for 27-97 MB
+    more peak memory (round 11: the float16 table, ``model/step_rows.py``, made the full product cheap
+    enough that the screen no longer pays everywhere). Off by default.
 
     ``speculative`` (float32 CPU, ``rows-gemm``): keep an int8 draft of the decoder (``model/draft.py``)
     whose guesses greedy steps at temperature 0 check two rows at a time (``decoding/speculative.py``):
     the same tokens and scores in fewer float32 steps. Not with ``vocab_screen`` (each replaces the
-    same greedy step: asking for it turns the default screen off). Off by default.
+    same greedy step). Off by default.
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
@@ -97,8 +97,6 @@ def load_model(
         dtype = torch.float16 if str(device).startswith("cuda") else torch.float32
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
-    if vocab_screen is None:  # on where it applies: float32 on the CPU, not beside the draft
-        vocab_screen = not speculative and compute_type != "int8"
     if speculative and (
         compute_type == "int8"
         or vocab_screen

@@ -20,7 +20,7 @@ same bits:
   3 rows 2.8 ms, where one row through ``x @ E.T`` took 7.8 ms and four through the column-major table
   9.5 ms), and a row's bits never depend on rows of other windows — so a row batched with other
   requests' rows equals its solo run (checked when the projection is built); with the vocabulary
-  screen (on by default for float32) greedy steps read an int8 screen of this table instead and
+  screen (``load_model(vocab_screen=True)``) greedy steps read an int8 screen of this table instead and
   compute only the rows that can win (``model/vocab_screen.py``);
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
   ``x @ E.T`` reads a contiguous [d, V] matrix;
