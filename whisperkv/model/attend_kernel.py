@@ -43,7 +43,6 @@ from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags
 
 if TYPE_CHECKING:
-    from whisperkv.model.step_rows import StepRowsKernel
     from whisperkv.model.whisper import Whisper
 
 #: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``),
@@ -217,16 +216,13 @@ def use_attention_kernels(
         )
     digest = model.weights_digest.split(ATTENTION_MARK)[0]  # of the weights as loaded (float32)
     kernel = load_kernel() if on else None
-    step_rows = _step_rows(model) if kernel is not None and rows and not int8 else None
     for block in model.decoder.blocks:
         block.attn.kernel = block.cross_attn.kernel = kernel
-        block.step_rows = step_rows
-    projection = model.decoder.logits_projection
-    if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs
-        projection.kernel = step_rows
-        _store_table(model.decoder, half=step_rows is not None)
-        if model.decoder.vocab_screen is not None:
-            model.decoder.vocab_screen.recheck()  # its exact rows must have the new product's bits
+    step_rows = None
+    if not int8:  # the float32 step's linears and vocabulary: the same library, or the row GEMMs
+        from whisperkv.model.step_rows import use_step_rows
+
+        step_rows = use_step_rows(model.decoder, on=kernel is not None and rows)
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16
@@ -239,40 +235,3 @@ def use_attention_kernels(
     decoder += ", linears kernel" if step_rows is not None else ""
     encoder = "head-by-head" if head_by_head else "sdpa"
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
-
-
-def _store_table(decoder: torch.nn.Module, half: bool) -> None:
-    """The tied vocabulary table in float16 where the step rows kernel reads it and every value is a
-    float16 (``step_rows.half_table``: the same logits, bit for bit, from half the bytes and half the
-    memory), else in float32 (the row GEMMs, PyTorch's products)."""
-    from whisperkv.model.step_rows import half_table
-
-    table = decoder.token_embedding.weight.detach()
-    if half and table.dtype == torch.float32:
-        stored = half_table(table)
-    elif not half and table.dtype == torch.float16:
-        stored = table.float()
-    else:
-        return
-    if stored is None:  # values a float16 cannot hold: the float32 table stays
-        return
-    decoder.token_embedding.weight = torch.nn.Parameter(stored, requires_grad=False)
-    decoder.logits_projection.weight = stored
-    if decoder.vocab_screen is not None:
-        decoder.vocab_screen.table = stored
-
-
-def _step_rows(model: Whisper) -> StepRowsKernel | None:
-    """The float32 step linears' kernel (``model/step_rows.py``) if it takes every decoder linear."""
-    from whisperkv.model.step_rows import load_step_rows
-
-    kernel = load_step_rows()
-    if kernel is None:
-        return None
-    for block in model.decoder.blocks:
-        attn, cross = block.attn, block.cross_attn
-        weights = [getattr(attn.qkv, "weight", None), attn.out.weight, cross.query.weight, cross.out.weight]
-        weights += [block.mlp[0].weight, block.mlp[2].weight]
-        if not all(w is not None and kernel.takes(w) for w in weights):
-            return None
-    return kernel

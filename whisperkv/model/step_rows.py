@@ -8,9 +8,12 @@ does a linear and everything around it in one call, every output of every row on
 fixed order: a row's bits depend neither on the rows beside it nor on the thread count (no chunk-width
 rule as ``model/row_gemm.py`` needs for MKL).
 
-``DecoderBlock.forward_rows`` runs through it where a float32 CPU model has the kernels' library
-(``use_attention_kernels``); the row-GEMM path stays as its slow twin (``use_attention_kernels(model,
-rows=False)``), and the digest of weights names which one made a model's numbers.
+``DecoderBlock.forward_rows`` and the ``rows-gemm`` vocabulary projection run through it where a float32
+CPU model has the kernels' library (``use_step_rows``, called by ``use_attention_kernels``); the
+row-GEMM path stays as its slow twin (``use_attention_kernels(model, rows=False)``), and the digest of
+weights names which one made a model's numbers. Where the kernel reads the vocabulary table and every
+value of it is a float16 (both bundled models are stored so), the table is held in float16: the kernel
+widens each value exactly, so the logits keep their bits from half the bytes (``half_table``).
 """
 
 from __future__ import annotations
@@ -110,3 +113,53 @@ def load_step_rows() -> StepRowsKernel | None:
     """The kernel, from the library ``load_kernel`` builds; None where it cannot be built."""
     built = load_kernel()
     return StepRowsKernel(built.library) if built is not None else None
+
+
+def use_step_rows(decoder: nn.Module, on: bool = True) -> StepRowsKernel | None:
+    """Route a float32 CPU decoder's steps through the kernel (``on``, where it is built and takes every
+    linear) or through the row GEMMs: its blocks' linears, the vocabulary projection (``rows-gemm``),
+    the table's storage (float16 where exact, for the kernel; float32 for the GEMMs) and the screen's
+    check of its exact rows. Returns the kernel in use, or None. ``use_attention_kernels`` calls it."""
+    kernel = _kernel_for(decoder) if on else None
+    for block in decoder.blocks:
+        block.step_rows = kernel
+    projection = decoder.logits_projection
+    if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs
+        projection.kernel = kernel
+        _store_table(decoder, half=kernel is not None)
+        if decoder.vocab_screen is not None:
+            decoder.vocab_screen.recheck()  # its exact rows must have the new product's bits
+    return kernel
+
+
+def _kernel_for(decoder: nn.Module) -> StepRowsKernel | None:
+    """The kernel, if it is built and takes every linear of the decoder's steps."""
+    kernel = load_step_rows()
+    if kernel is None:
+        return None
+    for block in decoder.blocks:
+        attn, cross = block.attn, block.cross_attn
+        weights = [getattr(attn.qkv, "weight", None), attn.out.weight, cross.query.weight, cross.out.weight]
+        weights += [block.mlp[0].weight, block.mlp[2].weight]
+        if not all(w is not None and kernel.takes(w) for w in weights):
+            return None
+    return kernel
+
+
+def _store_table(decoder: nn.Module, half: bool) -> None:
+    """The tied vocabulary table in float16 where the kernel reads it and every value is a float16
+    (``half_table``: the same logits, bit for bit, from half the bytes and half the memory), else in
+    float32 (the row GEMMs, PyTorch's products)."""
+    table = decoder.token_embedding.weight.detach()
+    if half and table.dtype == torch.float32:
+        stored = half_table(table)
+    elif not half and table.dtype == torch.float16:
+        stored = table.float()
+    else:
+        return
+    if stored is None:  # values a float16 cannot hold: the float32 table stays
+        return
+    decoder.token_embedding.weight = nn.Parameter(stored, requires_grad=False)
+    decoder.logits_projection.weight = stored
+    if decoder.vocab_screen is not None:
+        decoder.vocab_screen.table = stored
