@@ -71,20 +71,9 @@ class DecoderBlock(nn.Module):
         if self.step_rows is not None:
             return self._forward_rows_kernel(x, sizes, self_kvs, cross_kvs)
         q, k, v = self.attn.project_qkv(self.attn_ln(x), sizes)
-        outs, start = [], 0
-        for size, self_kv in zip(sizes, self_kvs, strict=True):
-            rows = slice(start, start + size)
-            offset = self_kv.length
-            self_kv.append(k[rows], v[rows])
-            outs.append(self.attn.attention(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
-            start += size
-        x = x + linear_rows(self.attn.out, torch.cat(outs), sizes)
+        x = x + linear_rows(self.attn.out, self._self_attention(q, k, v, sizes, self_kvs), sizes)
         q = linear_rows(self.cross_attn.query, self.cross_attn_ln(x), sizes)
-        outs, start = [], 0
-        for size, cross_kv in zip(sizes, cross_kvs, strict=True):
-            outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))
-            start += size
-        x = x + linear_rows(self.cross_attn.out, torch.cat(outs), sizes)
+        x = x + linear_rows(self.cross_attn.out, self._cross_attention(q, sizes, cross_kvs), sizes)
         up, activation, down = self.mlp
         return x + linear_rows(down, activation(linear_rows(up, self.mlp_ln(x), sizes)), sizes)
 
@@ -97,26 +86,36 @@ class DecoderBlock(nn.Module):
         qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln)[:, None]
         n_head = self.attn.n_head
         q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], n_head), heads(qkv[..., 2 * d :], n_head)
+        out = self.attn.out
+        attended = self._self_attention(q, k, v, sizes, self_kvs).reshape(n, d)
+        x = rows(attended, out.weight, out.bias, residual=x)
+        query, out = self.cross_attn.query, self.cross_attn.out
+        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln)[:, None]
+        x = rows(self._cross_attention(q, sizes, cross_kvs).reshape(n, d), out.weight, out.bias, residual=x)
+        up, _, down = self.mlp
+        hidden = rows(x, up.weight, up.bias, norm=self.mlp_ln, gelu=True)
+        return rows(hidden, down.weight, down.bias, residual=x)[:, None]
+
+    def _self_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV]
+    ) -> torch.Tensor:
+        """Each cache's rows: their keys/values appended to its Self-KV, then attended over it [N, 1, d]."""
         outs, start = [], 0
         for size, self_kv in zip(sizes, self_kvs, strict=True):
-            span = slice(start, start + size)
+            rows = slice(start, start + size)
             offset = self_kv.length
-            self_kv.append(k[span], v[span])
-            outs.append(self.attn.attention(q[span], self_kv.key, self_kv.value, causal_offset=offset))
+            self_kv.append(k[rows], v[rows])
+            outs.append(self.attn.attention(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
             start += size
-        out = self.attn.out
-        x = rows(torch.cat(outs).reshape(n, d), out.weight, out.bias, residual=x)
-        query = self.cross_attn.query
-        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln)[:, None]
+        return torch.cat(outs)
+
+    def _cross_attention(self, q: torch.Tensor, sizes: list[int], cross_kvs: list[CrossKV]) -> torch.Tensor:
+        """Each cache's rows attended over its window's Cross-KV [N, 1, d]."""
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
             outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))
             start += size
-        out = self.cross_attn.out
-        x = rows(torch.cat(outs).reshape(n, d), out.weight, out.bias, residual=x)
-        up, _, down = self.mlp
-        hidden = rows(x, up.weight, up.bias, norm=self.mlp_ln, gelu=True)
-        return rows(hidden, down.weight, down.bias, residual=x)[:, None]
+        return torch.cat(outs)
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         h = self.attn_ln(x)
