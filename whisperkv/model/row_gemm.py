@@ -147,6 +147,14 @@ def _chunk(
     return torch.addmm(bias_column, weight, rows.T).T
 
 
+def one_row_times(rows: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """``rows @ row`` [k] for one row [d] as a lone step multiplies it: a chunk of 2 (the row and a zero
+    row), so gathered rows of a matrix get the bits its full product gives them (checked by the caller).
+    A float16 ``rows`` is widened first (exactly)."""
+    pair = torch.stack([row, torch.zeros_like(row)])
+    return torch.mm(rows.float(), pair.T)[:, 0]
+
+
 def use_row_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """One position per row (a decoder step), float32 on the CPU: the case this module is for."""
     return (

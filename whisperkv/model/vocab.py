@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from whisperkv.model.row_gemm import RowWidths, rows_times
+from whisperkv.model.row_gemm import RowWidths, one_row_times, rows_times
 from whisperkv.model.vocab_screen import attach_screen
 
 if TYPE_CHECKING:
@@ -111,8 +111,7 @@ class ChunkedRowProjection(nn.Module):
         the kernel's dot products are each row's own; the GEMMs' are checked by the screen."""
         if self.kernel is not None:
             return self.kernel(hidden_row[None], table_rows, None)[0]
-        pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])  # row_gemm's padded chunk of 2
-        return torch.mm(table_rows, pair.T)[:, 0]
+        return one_row_times(table_rows, hidden_row)
 
 
 def _timings(n_vocab: int, n_state: int, repeats: int) -> dict[str, float]:

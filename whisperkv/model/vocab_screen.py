@@ -33,6 +33,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.int8_rows import LANES, Int8RowsKernel, load_rows_kernel
+from whisperkv.model.row_gemm import one_row_times
 from whisperkv.model.row_int8 import quantize_rows, row_scales
 
 #: the bound is multiplied by this (measured, 200 steps of the long file: the real error reached at most
@@ -96,7 +97,8 @@ class VocabScreen:
         self.sound = self._exact_bits_match()
 
     def serves(self, table: torch.Tensor) -> bool:
-        """Whether this screen is for ``table`` as it is now (the same float32 storage) and is sound."""
+        """Whether this screen is for ``table`` as it is now (the same storage: float32, or its exact
+        float16 copy) and is sound."""
         return (
             self.sound
             and table.dtype in (torch.float32, torch.float16)
@@ -206,9 +208,7 @@ class VocabScreen:
     def _times(self, rows: torch.Tensor, hidden_row: torch.Tensor) -> torch.Tensor:
         if self.projection is not None:
             return self.projection.rows_of(rows, hidden_row)
-        # the full product's shape for one row: ``table @ [h; 0].T`` (row_gemm's padded chunk of 2)
-        pair = torch.stack([hidden_row, torch.zeros_like(hidden_row)])
-        return torch.mm(rows.float(), pair.T)[:, 0]
+        return one_row_times(rows, hidden_row)  # the chunked GEMMs' shape for one row
 
     def _exact_bits_match(self) -> bool:
         """Gathered products of several sizes give the full product's bits on this table and CPU."""
