@@ -258,10 +258,10 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
     block = decoder.blocks[1]
     x = torch.randn(14, 1536, generator=torch.Generator().manual_seed(3))
     for weight, linear in (
-        (block.attn.qkv.weight, block.attn.qkv),
-        (block.mlp[0].weight, block.mlp[0]),
-        (block.mlp[2].weight, block.mlp[2]),
-        (decoder.token_embedding.weight.float(), decoder.logits_projection),  # the GEMMs read float32
+        (block.attn.qkv.weight.float(), block.attn.qkv),  # held float16 for the kernel: the GEMMs
+        (block.mlp[0].weight.float(), block.mlp[0]),  # read float32
+        (block.mlp[2].weight.float(), block.mlp[2]),
+        (decoder.token_embedding.weight.float(), decoder.logits_projection),
     ):
         rows = x[:, : weight.shape[1]].contiguous()
         widths = linear.widths

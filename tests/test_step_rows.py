@@ -206,7 +206,7 @@ def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_mod
     """tiny.en is stored in float16, so its float32 table holds float16 values: the kernel reads a
     float16 copy (half the bytes a step reads, half the memory) and gives the float32 table's bits. A
     table with values a float16 cannot hold stays float32."""
-    from whisperkv.model.step_rows import half_table
+    from whisperkv.model.step_rows import half_copy
 
     decoder = tiny_model.decoder
     table = decoder.token_embedding.weight
@@ -218,10 +218,10 @@ def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_mod
         assert torch.equal(decoder.project(hidden, [5]), kernel(hidden, table.float(), None))
         tokens = torch.tensor([[50257, 440, 1002]])
         assert decoder._embed(tokens, 0).dtype == torch.float32
-    assert half_table(table.float()) is not None
+    assert half_copy(table.float()) is not None
     off = table.float().clone()
     off[7, 3] += 1e-7  # not a float16 any more
-    assert half_table(off) is None
+    assert half_copy(off) is None
     try:
         use_attention_kernels(tiny_model, rows=False)  # the row GEMMs read float32
         assert decoder.token_embedding.weight.dtype == torch.float32
@@ -229,3 +229,65 @@ def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_mod
     finally:
         use_attention_kernels(tiny_model)
     assert decoder.token_embedding.weight.dtype == torch.float16
+
+
+def _step_linears(decoder) -> list[torch.Tensor]:
+    return [
+        w
+        for b in decoder.blocks
+        for w in (b.attn.qkv.weight, b.attn.out.weight, b.cross_attn.query.weight, b.cross_attn.out.weight)
+        + (b.mlp[0].weight, b.mlp[2].weight)
+    ]
+
+
+def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywhere(tiny_model, speech_dir):
+    """The step's linears of tiny.en (stored in float16) are held in float16 for the kernel: a step, a
+    prompt (``forward``, which takes the kernel too) and the uncached twin (PyTorch, widening them per
+    call) give the bits they give from float32 copies; the three query/key/value layers stay views of
+    the fused matrix; the row GEMMs (``rows=False``) get float32 back. A linear with a value a float16
+    cannot hold stays float32."""
+    import whisperkv
+    from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+    from whisperkv.model.step_rows import _store_linears
+
+    decoder = tiny_model.decoder
+    assert all(w.dtype == torch.float16 for w in _step_linears(decoder))
+    attn = decoder.blocks[0].attn
+    assert attn.query.weight.data_ptr() == attn.qkv.weight.data_ptr()
+    assert decoder.blocks[0].cross_attn.key.weight.dtype == torch.float32  # projected once a window
+    mel = pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / "en" / "jfk.flac")), N_FRAMES)
+    prompt, step = torch.tensor([[50257, 50362, 440]]), torch.tensor([[1002]] * 2)
+
+    def outputs() -> list[torch.Tensor]:
+        cache = decoder.new_cache(cross, batch_size=2)
+        prefilled = decoder(prompt.expand(2, -1), cache)
+        stepped = decoder.forward_rows([(step, cache)])
+        uncached = decoder.forward_uncached(torch.cat([prompt.expand(2, -1), step], 1), features)
+        return [prefilled, stepped, uncached]
+
+    with torch.no_grad():
+        features = tiny_model.embed_audio(mel[None])
+        cross = decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None]))
+        held = outputs()
+        up = decoder.blocks[1].mlp[0]
+        original = up.weight[5, 7].item()
+        try:
+            _store_linears(decoder, half=False)
+            assert all(w.dtype == torch.float32 for w in _step_linears(decoder))
+            for got, expected in zip(outputs(), held, strict=True):
+                assert torch.equal(got, expected)
+            use_attention_kernels(tiny_model, rows=False)  # the twin: float32, nothing to widen a step
+            assert all(w.dtype == torch.float32 for w in _step_linears(decoder))
+            assert attn.value.weight.data_ptr() == attn.qkv.weight.data_ptr() + 2 * 384 * 384 * 4
+            use_attention_kernels(tiny_model)
+            assert all(w.dtype == torch.float16 for w in _step_linears(decoder))
+            _store_linears(decoder, half=False)
+            up.weight[5, 7] += 1e-7  # not a float16 any more
+            _store_linears(decoder, half=True)
+            assert up.weight.dtype == torch.float32
+            assert sum(w.dtype == torch.float16 for w in _step_linears(decoder)) == 23
+        finally:
+            _store_linears(decoder, half=False)
+            up.weight[5, 7] = original
+            _store_linears(decoder, half=True)
+    assert all(w.dtype == torch.float16 for w in _step_linears(decoder))

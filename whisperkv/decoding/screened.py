@@ -169,7 +169,7 @@ class ScreenedGreedy:
 
 
 def _products(hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``hidden @ table.T`` [k, V]; a float16 table (``step_rows.half_table``) widened 4,096 rows at a
+    """``hidden @ table.T`` [k, V]; a float16 table (``step_rows.half_copy``) widened 4,096 rows at a
     time, so no float32 copy of the whole table is ever made."""
     if table.dtype == hidden.dtype:
         return torch.mm(hidden, table.T)

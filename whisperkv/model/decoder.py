@@ -48,6 +48,8 @@ class DecoderBlock(nn.Module):
         cross_kv: CrossKV,
         collect_weights: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        if self.step_rows is not None and collect_weights is None:  # a prompt, or a per-step loop's step
+            return self._forward_rows_kernel(x, [x.shape[0]], [self_kv], [cross_kv])
         offset = self_kv.length
         q, k, v = self.attn.project_qkv(self.attn_ln(x))
         self_kv.append(k, v)  # the Self-KV grows by the new positions, in place
@@ -80,26 +82,28 @@ class DecoderBlock(nn.Module):
     def _forward_rows_kernel(
         self, x: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV], cross_kvs: list[CrossKV]
     ) -> torch.Tensor:
-        """``forward_rows`` with six C calls for the linears (``model/step_rows.py``)."""
-        rows, n, d = self.step_rows, x.shape[0], x.shape[-1]
-        x = x.reshape(n, d)
-        qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln)[:, None]
+        """``forward_rows`` (or ``forward``: ``x`` [B, T, d], one cache) with six C calls for the
+        linears (``model/step_rows.py``), each over all B x T positions as rows."""
+        rows, (b, t, d) = self.step_rows, x.shape
+        x = x.reshape(b * t, d)
+        qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln).view(b, t, 3 * d)
         n_head = self.attn.n_head
         q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], n_head), heads(qkv[..., 2 * d :], n_head)
         out = self.attn.out
-        attended = self._self_attention(q, k, v, sizes, self_kvs).reshape(n, d)
+        attended = self._self_attention(q, k, v, sizes, self_kvs).reshape(b * t, d)
         x = rows(attended, out.weight, out.bias, residual=x)
         query, out = self.cross_attn.query, self.cross_attn.out
-        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln)[:, None]
-        x = rows(self._cross_attention(q, sizes, cross_kvs).reshape(n, d), out.weight, out.bias, residual=x)
+        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln).view(b, t, d)
+        attended = self._cross_attention(q, sizes, cross_kvs).reshape(b * t, d)
+        x = rows(attended, out.weight, out.bias, residual=x)
         up, _, down = self.mlp
         hidden = rows(x, up.weight, up.bias, norm=self.mlp_ln, gelu=True)
-        return rows(hidden, down.weight, down.bias, residual=x)[:, None]
+        return rows(hidden, down.weight, down.bias, residual=x).view(b, t, d)
 
     def _self_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV]
     ) -> torch.Tensor:
-        """Each cache's rows: their keys/values appended to its Self-KV, then attended over it [N, 1, d]."""
+        """Each cache's rows: their keys/values appended to its Self-KV, then attended over it [N, T, d]."""
         outs, start = [], 0
         for size, self_kv in zip(sizes, self_kvs, strict=True):
             rows = slice(start, start + size)
@@ -110,7 +114,7 @@ class DecoderBlock(nn.Module):
         return torch.cat(outs)
 
     def _cross_attention(self, q: torch.Tensor, sizes: list[int], cross_kvs: list[CrossKV]) -> torch.Tensor:
-        """Each cache's rows attended over its window's Cross-KV [N, 1, d]."""
+        """Each cache's rows attended over its window's Cross-KV [N, T, d]."""
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
             outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))

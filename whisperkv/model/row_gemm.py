@@ -155,6 +155,12 @@ def one_row_times(rows: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
     return torch.mm(rows.float(), pair.T)[:, 0]
 
 
+def widened(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A float16-held weight (``model/step_rows.py`` holds a float32 model's step matrices so where every
+    value is a float16) as the float32 matrix it stands for, for float32 inputs: exact, per call."""
+    return weight.float() if weight.dtype == torch.float16 and x.dtype == torch.float32 else weight
+
+
 def use_row_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """One position per row (a decoder step), float32 on the CPU: the case this module is for."""
     return (
@@ -172,6 +178,7 @@ def _apply(
     x: torch.Tensor,
     sizes: list[int] | None,
 ) -> torch.Tensor:
+    weight = widened(weight, x)
     if not use_row_gemm(x, weight):
         return F.linear(x, weight, bias)
     bias_column = None if bias is None else bias[:, None]

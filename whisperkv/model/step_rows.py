@@ -11,9 +11,15 @@ rule as ``model/row_gemm.py`` needs for MKL).
 ``DecoderBlock.forward_rows`` and the ``rows-gemm`` vocabulary projection run through it where a float32
 CPU model has the kernels' library (``use_step_rows``, called by ``use_attention_kernels``); the
 row-GEMM path stays as its slow twin (``use_attention_kernels(model, rows=False)``), and the digest of
-weights names which one made a model's numbers. Where the kernel reads the vocabulary table and every
-value of it is a float16 (both bundled models are stored so), the table is held in float16: the kernel
-widens each value exactly, so the logits keep their bits from half the bytes (``half_table``).
+weights names which one made a model's numbers. With it, ``DecoderBlock.forward`` (a prompt, a per-step
+loop) takes the same calls.
+
+Where every value of a matrix the kernel reads is a float16 (both bundled models are stored so), it is
+held in float16 (``half_copy``): the vocabulary table and the step's linears. The kernel widens each
+value exactly, so every product keeps its bits from half the bytes a step reads (tiny.en: 40 + 16 MB,
+not 80 + 33; round 12 measured a replayed step 0.9 ms faster for the linears alone). The PyTorch paths
+that multiply by them (the uncached twin, word timing's weights, the row GEMMs) widen them per call
+(``row_gemm.widened``); ``rows=False`` stores float32 again, so the row GEMMs' steps widen nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class StepRowsKernel:
         pointer, long = ctypes.c_void_p, ctypes.c_long
         self._rows.argtypes = [pointer, long, long, pointer, pointer, ctypes.c_float, pointer, pointer]
         self._rows.argtypes += [pointer, long, long, ctypes.c_int, pointer, long, pointer, long]
-        #: the same for float16 weights, widened exactly in the kernel (``half_table``)
+        #: the same for float16 weights, widened exactly in the kernel (``half_copy``)
         self._half = library.wkv_rows_f32_half
         self._half.restype, self._half.argtypes = ctypes.c_int, self._rows.argtypes
 
@@ -98,10 +104,10 @@ class StepRowsKernel:
         return y
 
 
-def half_table(table: torch.Tensor) -> torch.Tensor | None:
-    """A float16 copy of a float32 table whose every value is a float16 (a checkpoint stored in float16,
-    as both bundled models are), else None: read through the kernel, it gives the float32 table's bits
-    from half the bytes (the vocabulary table is a float32 step's largest read)."""
+def half_copy(table: torch.Tensor) -> torch.Tensor | None:
+    """A float16 copy of a float32 matrix whose every value is a float16 (a checkpoint stored in float16,
+    as both bundled models are), else None: read through the kernel, it gives the float32 matrix's bits
+    from half the bytes (a float32 step reads each of its matrices once)."""
     half = table.half()
     for start in range(0, table.shape[0], 4096):  # in blocks: no float32 temporary of the whole table
         if not torch.equal(half[start : start + 4096].float(), table[start : start + 4096]):
@@ -118,11 +124,13 @@ def load_step_rows() -> StepRowsKernel | None:
 def use_step_rows(decoder: nn.Module, on: bool = True) -> StepRowsKernel | None:
     """Route a float32 CPU decoder's steps through the kernel (``on``, where it is built and takes every
     linear) or through the row GEMMs: its blocks' linears, the vocabulary projection (``rows-gemm``),
-    the table's storage (float16 where exact, for the kernel; float32 for the GEMMs) and the screen's
-    check of its exact rows. Returns the kernel in use, or None. ``use_attention_kernels`` calls it."""
+    the storage of the table and the linears (float16 where exact, for the kernel; float32 for the
+    GEMMs) and the screen's check of its exact rows. Returns the kernel in use, or None.
+    ``use_attention_kernels`` calls it."""
     kernel = _kernel_for(decoder) if on else None
     for block in decoder.blocks:
         block.step_rows = kernel
+    _store_linears(decoder, half=kernel is not None)
     projection = decoder.logits_projection
     if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs
         projection.kernel = kernel
@@ -146,18 +154,43 @@ def _kernel_for(decoder: nn.Module) -> StepRowsKernel | None:
     return kernel
 
 
+def _restored(weight: torch.Tensor, half: bool) -> torch.Tensor | None:
+    """``weight`` as the steps should hold it (``half``: float16 where exact, ``half_copy``; else
+    float32), or None where it is held so already (or a float16 cannot hold its values)."""
+    weight = weight.detach()
+    if half and weight.dtype == torch.float32:
+        return half_copy(weight)
+    if not half and weight.dtype == torch.float16:
+        return weight.float()
+    return None
+
+
+def _store_linears(decoder: nn.Module, half: bool) -> None:
+    """The six linears of each block's step in float16 where the kernel reads them and every value is a
+    float16, else in float32. The fused query|key|value matrix keeps the three layers as views of it
+    (``MultiHeadAttention.fuse_qkv``): no weight is held twice."""
+    for block in decoder.blocks:
+        attn, cross = block.attn, block.cross_attn
+        for layer in (attn.qkv, attn.out, cross.query, cross.out, block.mlp[0], block.mlp[2]):
+            stored = _restored(layer.weight, half)
+            if stored is None:
+                continue
+            if layer is attn.qkv:  # a plain holder of the fused matrix; the three layers view it
+                layer.weight = stored
+                views = stored.split(attn.query.weight.shape[0])
+                attn.query.weight, attn.key.weight, attn.value.weight = (
+                    nn.Parameter(view, requires_grad=False) for view in views
+                )
+            else:
+                layer.weight = nn.Parameter(stored, requires_grad=False)
+
+
 def _store_table(decoder: nn.Module, half: bool) -> None:
     """The tied vocabulary table in float16 where the kernel reads it and every value is a float16
-    (``half_table``: the same logits, bit for bit, from half the bytes and half the memory), else in
+    (``half_copy``: the same logits, bit for bit, from half the bytes and half the memory), else in
     float32 (the row GEMMs, PyTorch's products)."""
-    table = decoder.token_embedding.weight.detach()
-    if half and table.dtype == torch.float32:
-        stored = half_table(table)
-    elif not half and table.dtype == torch.float16:
-        stored = table.float()
-    else:
-        return
-    if stored is None:  # values a float16 cannot hold: the float32 table stays
+    stored = _restored(decoder.token_embedding.weight, half)
+    if stored is None:  # held so already, or values a float16 cannot hold: the float32 table stays
         return
     decoder.token_embedding.weight = nn.Parameter(stored, requires_grad=False)
     decoder.logits_projection.weight = stored
