@@ -29,13 +29,15 @@ def kernel() -> StepRowsKernel:
     return built
 
 
-def _plain_c_kernel(tmp_path) -> StepRowsKernel | None:
-    """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None."""
+@pytest.fixture(scope="module")
+def plain_c_kernel(tmp_path_factory) -> StepRowsKernel | None:
+    """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None: built once
+    for the module's tests."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
     source = next(s for s in SOURCES if s.name == "rows_f32.c")
-    built = tmp_path / "rows_plain.so"
+    built = tmp_path_factory.mktemp("plain") / "rows_plain.so"
     flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-mno-avx512f"]
     subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
     return StepRowsKernel(ctypes.CDLL(str(built)))
@@ -65,17 +67,16 @@ def _reference(x, weight, bias, norm, gelu, residual):
     return y + residual.double() if residual is not None else y
 
 
-def _versions(kernel, tmp_path):
-    plain = _plain_c_kernel(tmp_path)
+def _versions(kernel, plain):
     return [("library", kernel)] + ([("plain C", plain)] if plain is not None else [])
 
 
 @pytest.mark.parametrize("out, width", SHAPES)
-def test_each_epilogue_equals_float64(kernel, tmp_path, out, width):
+def test_each_epilogue_equals_float64(kernel, plain_c_kernel, out, width):
     """LayerNorm, product, bias, GELU and residual, alone and together, 1-7 rows: within float32's
     rounding of the float64 result, in the library and in a plain-C build."""
     with torch.no_grad():
-        for name, version in _versions(kernel, tmp_path):
+        for name, version in _versions(kernel, plain_c_kernel):
             for n in (1, 2, 3, 4, 5, 7):
                 x, weight, bias, norm, residual = _inputs(out, width, n, seed=n)
                 for use_norm, gelu, use_residual, use_bias in [
@@ -98,13 +99,13 @@ def test_each_epilogue_equals_float64(kernel, tmp_path, out, width):
                     assert error < 2e-5, (name, n, use_norm, gelu, use_residual, use_bias, error)
 
 
-def test_a_rows_bits_depend_on_nothing_beside_it(kernel, tmp_path):
+def test_a_rows_bits_depend_on_nothing_beside_it(kernel, plain_c_kernel):
     """A row alone, among 2-9 rows at any place, with 1 or 2 threads: the same bits (a request batched
     with others gets what it gets alone, without the chunk-width rule the row GEMMs need)."""
     x, weight, bias, norm, residual = _inputs(1536, 384, 9, seed=3)
     threads = torch.get_num_threads()
     with torch.no_grad():
-        for name, version in _versions(kernel, tmp_path):
+        for name, version in _versions(kernel, plain_c_kernel):
             alone = torch.cat([version(x[i : i + 1], weight, bias, norm=norm, gelu=True) for i in range(9)])
             for n in range(2, 10):
                 batched = version(x[:n], weight, bias, norm=norm, gelu=True)
