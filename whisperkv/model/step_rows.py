@@ -18,9 +18,9 @@ Where every value of a matrix the kernel reads is a float16 (both bundled models
 held in float16 (``half_copy``): the vocabulary table and the step's linears. The kernel widens each
 value exactly, so every product keeps its bits from half the bytes a step reads (tiny.en: 40 + 16 MB,
 not 80 + 33; a replayed engine step, scratch, round 12: 5.17 against 6.10 ms with float32 linears, base
-6.04 against 7.56). The PyTorch paths
-that multiply by them (the uncached twin, word timing's weights, the row GEMMs) widen them per call
-(``row_gemm.widened``); ``rows=False`` stores float32 again, so the row GEMMs' steps widen nothing.
+6.04 against 7.56). The PyTorch paths that multiply by them (the uncached twin, language detection, word
+timing's pass over a window's text) widen them per call (``row_gemm.widened``); ``rows=False`` stores
+float32 again, so the row GEMMs' steps widen nothing.
 """
 
 from __future__ import annotations
