@@ -111,7 +111,7 @@ class DecoderBlock(nn.Module):
             self_kv.append(k[rows], v[rows])
             outs.append(self.attn.attention(q[rows], self_kv.key, self_kv.value, causal_offset=offset))
             start += size
-        return torch.cat(outs)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # one cache: no copy
 
     def _cross_attention(self, q: torch.Tensor, sizes: list[int], cross_kvs: list[CrossKV]) -> torch.Tensor:
         """Each cache's rows attended over its window's Cross-KV [N, T, d]."""
@@ -119,7 +119,7 @@ class DecoderBlock(nn.Module):
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
             outs.append(self.cross_attn.attention(q[start : start + size], cross_kv.key, cross_kv.value))
             start += size
-        return torch.cat(outs)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         h = self.attn_ln(x)
