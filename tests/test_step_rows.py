@@ -292,3 +292,30 @@ def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywher
             up.weight[5, 7] = original
             _store_linears(decoder, half=True)
     assert all(w.dtype == torch.float16 for w in _step_linears(decoder))
+
+
+def test_a_model_moved_after_loading_still_steps(speech_dir):
+    """``model.float()`` after loading (a common idiom) re-fuses query|key|value as the row-GEMM holder
+    the kernel reads and widens the float16-held linears: the same tokens. A float64 model's rows are
+    not the kernel's to take: its steps run through PyTorch, to the float32 step's logits within 1e-3."""
+    import whisperkv
+
+    model = whisperkv.load_model("tiny.en")
+    clip = str(speech_dir / "en" / "jfk.flac")
+    expected = [s["tokens"] for s in model.transcribe(clip)["segments"]]
+    model.float()
+    block = model.decoder.blocks[0]
+    assert block.mlp[0].weight.dtype == torch.float32 and block.attn.qkv.weight.dtype == torch.float32
+    assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == expected
+
+    def prompt_logits(dtype: torch.dtype) -> torch.Tensor:
+        features = torch.linspace(-1, 1, 1500 * 384, dtype=dtype).reshape(1, 1500, 384)
+        provenance = model.encoder_provenance(torch.zeros(1, 80, 3000))
+        with torch.no_grad():
+            cache = model.decoder.new_cache(model.decoder.project_cross_kv(features, provenance))
+            return model.decoder(torch.tensor([[50257, 50362, 440]]), cache)
+
+    single = prompt_logits(torch.float32)
+    model.to(torch.float64)
+    assert not block._kernel_takes(torch.zeros(1, 1, 384, dtype=torch.float64))
+    assert (prompt_logits(torch.float64) - single).abs().max() < 1e-3

@@ -76,10 +76,13 @@ class MultiHeadAttention(nn.Module):
         return weight, bias
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
-        """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again."""
+        """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again, as the same
+        kind of projection (a decoder's row GEMMs, whose weight the step rows kernel reads, stay so)."""
         super()._apply(fn, recurse)
-        if isinstance(self.qkv, (functools.partial, FusedRowGemm)):
-            self.fuse_qkv()  # plain F.linear again; ``load_model`` adopts row GEMMs after moving
+        if isinstance(self.qkv, FusedRowGemm):
+            self.fuse_qkv(FusedRowGemm)
+        elif isinstance(self.qkv, functools.partial):
+            self.fuse_qkv()
         return self
 
     def project_qkv(

@@ -48,7 +48,7 @@ class DecoderBlock(nn.Module):
         cross_kv: CrossKV,
         collect_weights: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        if self.step_rows is not None and collect_weights is None:  # a prompt, or a per-step loop's step
+        if self._kernel_takes(x) and collect_weights is None:  # a prompt, or a per-step loop's step
             return self._forward_rows_kernel(x, [x.shape[0]], [self_kv], [cross_kv])
         offset = self_kv.length
         q, k, v = self.attn.project_qkv(self.attn_ln(x))
@@ -70,7 +70,7 @@ class DecoderBlock(nn.Module):
         Through ``step_rows`` (each linear with its LayerNorm, bias, GELU and residual in one C call)
         where the block has it; else through the row GEMMs (its slow twin).
         """
-        if self.step_rows is not None:
+        if self._kernel_takes(x):
             return self._forward_rows_kernel(x, sizes, self_kvs, cross_kvs)
         q, k, v = self.attn.project_qkv(self.attn_ln(x), sizes)
         x = x + linear_rows(self.attn.out, self._self_attention(q, k, v, sizes, self_kvs), sizes)
@@ -78,6 +78,11 @@ class DecoderBlock(nn.Module):
         x = x + linear_rows(self.cross_attn.out, self._cross_attention(q, sizes, cross_kvs), sizes)
         up, activation, down = self.mlp
         return x + linear_rows(down, activation(linear_rows(up, self.mlp_ln(x), sizes)), sizes)
+
+    def _kernel_takes(self, x: torch.Tensor) -> bool:
+        """Whether this block's linears run through ``step_rows`` for ``x``: float32 CPU rows (a model
+        moved to another dtype or device after loading keeps PyTorch's paths)."""
+        return self.step_rows is not None and x.dtype == torch.float32 and x.device.type == "cpu"
 
     def _forward_rows_kernel(
         self, x: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV], cross_kvs: list[CrossKV]
