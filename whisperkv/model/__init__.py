@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from whisperkv.heap import keep_freed_blocks
 from whisperkv.model.attend_kernel import use_attention_kernels
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.row_gemm import adopt_row_gemm
@@ -105,6 +106,8 @@ def load_model(
         or dtype != torch.float32
     ):
         raise ValueError(SPECULATIVE_NEEDS)  # before reading any weights
+    if str(device) == "cpu":
+        keep_freed_blocks()  # a window's freed activations stay for the next (``heap.py``)
     layout = None
     if str(device) == "cpu" and dtype == torch.float32:
         layout = vocab_layout
