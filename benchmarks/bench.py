@@ -255,6 +255,7 @@ ENGINES = (
     "whisperkv-fp32-gemm",
     "whisperkv-fp32-screened",
     "whisperkv-fp32-unscreened",
+    "whisperkv-fp32-sysheap",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-batched-int8",
@@ -273,6 +274,10 @@ ENGINES = (
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
+        if spec.endswith("-sysheap"):  # glibc's heap defaults: the twin of whisperkv/heap.py's settings
+            from whisperkv.heap import OPT_OUT
+
+            os.environ[OPT_OUT] = "system"
         compute = "int8" if "int8" in spec else "float32"
         vad = "silero" if "silero" in spec else "energy"
         return WhisperKV(
@@ -516,7 +521,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for (-unscreened: the
     # default float32 engine under another name, kept for round 11's commands, when the screen was on)
-    default = [e for e in ENGINES if not e.endswith(("screened", "-sdpa", "-nohold", "-gemm"))]
+    default = [e for e in ENGINES if not e.endswith(("screened", "-sdpa", "-nohold", "-gemm", "-sysheap"))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -594,7 +599,7 @@ def main() -> int:
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
     for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
-        for suffix in ("-sdpa", "-screened", "-unscreened", "-gemm"):
+        for suffix in ("-sdpa", "-screened", "-unscreened", "-gemm", "-sysheap"):
             plain = (spec.removesuffix(suffix), audio_name, mode)
             if spec.endswith(suffix) and plain in table:
                 print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
