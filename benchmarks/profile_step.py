@@ -111,6 +111,15 @@ def main() -> int:
         parts["whole step, engine, 5 beam rows"] = median_ms(
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
+        if decoder.blocks[0].block_step is not None:  # float32: its twin, the kernels called one by one
+            from whisperkv.model.block_step import use_block_step
+
+            use_block_step(decoder, on=False)
+            parts["whole step, engine, 1 row, call by call"] = median_ms(engine_step, args.repeats)
+            parts["whole step, engine, 5 beam rows, call by call"] = median_ms(
+                lambda: engine_step(beams, beam_tokens), args.repeats
+            )
+            use_block_step(decoder)
         if decoder.blocks[0].step_rows is not None:  # float32: its twin, the row GEMMs (before round 11)
             from whisperkv.model.attend_kernel import use_attention_kernels
 

@@ -142,6 +142,20 @@ class SelfKV:
         self._value[:, :, self.length : self.length + n] = value
         self.length += n
 
+    @property
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers [B, H, capacity, d/H], for a kernel that writes the next
+        position itself (``model/block_step.py``) and then calls ``grow``."""
+        return self._key, self._value
+
+    def grow(self, n: int) -> None:
+        """Count ``n`` positions written after the ones held (by a kernel, into ``buffers``)."""
+        if self.length + n > self.capacity:
+            raise ValueError(
+                f"Self-KV of layer {self.layer} is full: {self.length} + {n} > {self.capacity} positions"
+            )
+        self.length += n
+
     def truncate(self, length: int) -> None:
         """Hold only the first ``length`` positions (a speculative position that was not taken); the
         buffer keeps its place, and the next ``append`` overwrites what lay beyond."""

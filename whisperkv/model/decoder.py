@@ -25,6 +25,7 @@ from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab_screen import VocabScreen
 
 if TYPE_CHECKING:
+    from whisperkv.model.block_step import BlockStep
     from whisperkv.model.draft import DraftDecoder
     from whisperkv.model.step_rows import StepRowsKernel
 
@@ -40,6 +41,8 @@ class DecoderBlock(nn.Module):
         self.mlp = mlp(n_state)
         #: float32 CPU steps' linears in one C call each (``model/step_rows.py``), or None: row GEMMs
         self.step_rows: StepRowsKernel | None = None
+        #: with ``step_rows``: one cache's step of the whole block in one C call (``model/block_step.py``)
+        self.block_step: BlockStep | None = None
 
     def forward(
         self,
@@ -89,6 +92,8 @@ class DecoderBlock(nn.Module):
     ) -> torch.Tensor:
         """``forward_rows`` (or ``forward``: ``x`` [B, T, d], one cache) with six C calls for the
         linears (``model/step_rows.py``), each over all B x T positions as rows."""
+        if self.block_step is not None and self.block_step.takes(self, x, sizes, self_kvs[0], cross_kvs[0]):
+            return self.block_step(self, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
         rows, (b, t, d) = self.step_rows, x.shape
         x = x.reshape(b * t, d)
         qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln).view(b, t, 3 * d)

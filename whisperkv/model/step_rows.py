@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from whisperkv.model.attend_kernel import load_kernel
+from whisperkv.model.block_step import use_block_step
 
 LANES = 16  # the input width must be a multiple of it (LANES in rows_f32.c)
 
@@ -131,6 +132,7 @@ def use_step_rows(decoder: nn.Module, on: bool = True) -> StepRowsKernel | None:
     kernel = _kernel_for(decoder) if on else None
     for block in decoder.blocks:
         block.step_rows = kernel
+    use_block_step(decoder, on=kernel is not None)  # a lone window's step: a block in one call
     _store_linears(decoder, half=kernel is not None)
     projection = decoder.logits_projection
     if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs

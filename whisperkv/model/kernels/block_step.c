@@ -1,0 +1,65 @@
+/* One float32 decoder block's step for the rows of one cache, in one call from Python.
+ *
+ * A step of tiny.en went through 8 C calls per block from Python (six linears, two attentions: 32 a
+ * step) plus the Python around them (allocating outputs, taking views, writing the new keys and values
+ * into the Self-KV). Here one call per block makes the same calls, in the same order, on the same
+ * inputs: every number is the one the call-by-call path gives (it is the same code), and the Python
+ * between them is gone. model/step_rows.py (BlockStep) decides when it applies: one cache's rows, one
+ * new position each, float16-held weights (both bundled models), float32 caches.
+ * Built by model/attend_kernel.py with the other kernels. */
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t half; /* float16 bits */
+
+int wkv_rows_f32_half(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,
+                      float *scratch, const half *w, const float *bias, long out, long in, int do_gelu,
+                      const float *residual, long rs, float *y, long ys);
+int wkv_attend(const float *q, long q_row, const float *k, const float *v, float *out, long B, long Q, long H,
+               long T, long kb, long kh, long kt, long vb, long vh, long vt, float scale);
+
+/* One block's parameters, as the model holds them (set once per block by model/step_rows.py). */
+struct wkv_block {
+    const float *attn_ln_w, *attn_ln_b, *cross_ln_w, *cross_ln_b, *mlp_ln_w, *mlp_ln_b;
+    float attn_ln_eps, cross_ln_eps, mlp_ln_eps;
+    const half *qkv_w, *out_w, *query_w, *cross_out_w, *up_w, *down_w;
+    const float *qkv_b, *out_b, *query_b, *cross_out_b, *up_b, *down_b;
+    long d, hidden, heads;
+};
+
+/* x [n, d] (contiguous) → the block's output, in place.
+ * self_k/self_v: the Self-KV [n, H, capacity, 64] (strides sb, sh, st in elements); its first `length`
+ * positions are held, the new position is written at `length` (the caller counts it).
+ * cross_k/cross_v: the window's Cross-KV [cb_rows, H, T, 64] (strides cb, ch, ct), n a multiple of cb_rows.
+ * work: n * (6 d + hidden) floats. Returns 0, or the failing call's code (1): the caller checks shapes. */
+int wkv_block_step(const struct wkv_block *p, float *x, long n, float *self_k, float *self_v, long length,
+                   long sb, long sh, long st, const float *cross_k, const float *cross_v, long cb_rows, long T,
+                   long cb, long ch, long ct, float *work, float scale)
+{
+    const long d = p->d, H = p->heads, head = d / H;
+    float *qkv = work, *attended = qkv + n * 3 * d, *query = attended + n * d, *normed = query + n * d;
+    float *hidden = normed + n * d;
+    int failed = wkv_rows_f32_half(x, n, d, p->attn_ln_w, p->attn_ln_b, p->attn_ln_eps, normed, p->qkv_w,
+                                   p->qkv_b, 3 * d, d, 0, NULL, 0, qkv, 3 * d);
+    if (failed) return failed;
+    for (long r = 0; r < n; r++) /* the new keys and values, head by head, into the Self-KV */
+        for (long h = 0; h < H; h++) {
+            const float *row = qkv + r * 3 * d + h * head;
+            memcpy(self_k + r * sb + h * sh + length * st, row + d, sizeof(float) * head);
+            memcpy(self_v + r * sb + h * sh + length * st, row + 2 * d, sizeof(float) * head);
+        }
+    failed = wkv_attend(qkv, 3 * d, self_k, self_v, attended, n, 1, H, length + 1, sb, sh, st, sb, sh, st, scale);
+    failed = failed || wkv_rows_f32_half(attended, n, d, NULL, NULL, 0.f, NULL, p->out_w, p->out_b, d, d, 0, x, d,
+                                         x, d);
+    failed = failed || wkv_rows_f32_half(x, n, d, p->cross_ln_w, p->cross_ln_b, p->cross_ln_eps, normed,
+                                         p->query_w, p->query_b, d, d, 0, NULL, 0, query, d);
+    failed = failed || wkv_attend(query, d, cross_k, cross_v, attended, cb_rows, n / cb_rows, H, T, cb, ch, ct, cb,
+                                  ch, ct, scale);
+    failed = failed || wkv_rows_f32_half(attended, n, d, NULL, NULL, 0.f, NULL, p->cross_out_w, p->cross_out_b,
+                                         d, d, 0, x, d, x, d);
+    failed = failed || wkv_rows_f32_half(x, n, d, p->mlp_ln_w, p->mlp_ln_b, p->mlp_ln_eps, normed, p->up_w,
+                                         p->up_b, p->hidden, d, 1, NULL, 0, hidden, p->hidden);
+    failed = failed || wkv_rows_f32_half(hidden, n, p->hidden, NULL, NULL, 0.f, NULL, p->down_w, p->down_b, d,
+                                         p->hidden, 0, x, d, x, d);
+    return failed;
+}
