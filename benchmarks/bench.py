@@ -68,6 +68,7 @@ class WhisperKV(Engine):
         sdpa: bool = False,
         hold_end: bool = True,
         gemm: bool = False,
+        calls: bool = False,
     ) -> None:
         import torch
 
@@ -80,11 +81,17 @@ class WhisperKV(Engine):
             use_attention_kernels(self.model, on=False)
         if gemm:  # float32 steps' linears through the row GEMMs, as before round 11
             use_attention_kernels(self.model, rows=False)
+        if calls:  # float32 blocks' steps call by call from Python, as before round 13
+            from whisperkv.model.block_step import use_block_step
+
+            use_block_step(self.model.decoder, on=False)
         layout = current_layout(self.model.decoder)
         if any(getattr(m, "kernel", None) is not None for m in self.model.decoder.blocks[0].mlp.modules()):
             layout += " rows kernel"
         if self.model.decoder.blocks[0].step_rows is not None:
             layout += ", linears kernel"
+        if self.model.decoder.blocks[0].block_step is not None:
+            layout += ", block step"
         if self.model.decoder.attention_kernel is not None:
             layout += ", attn kernel"
         if self.model.decoder.kv_dtype == torch.bfloat16:
@@ -92,6 +99,7 @@ class WhisperKV(Engine):
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
         self.name += " no hold" if batched and not hold_end else ""
+        self.name += " system heap" if os.environ.get("WHISPERKV_HEAP") == "system" else ""
         self.batched, self.vad, self.hold_end = batched, vad, hold_end
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
         forward, forward_rows = self.model.decoder.forward, self.model.decoder.forward_rows
@@ -256,6 +264,7 @@ ENGINES = (
     "whisperkv-fp32-screened",
     "whisperkv-fp32-unscreened",
     "whisperkv-fp32-sysheap",
+    "whisperkv-fp32-calls",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-batched-int8",
@@ -270,6 +279,10 @@ ENGINES = (
     "whisper.cpp-f16",
     "openai-whisper-fp32",
 )
+
+
+#: engine suffixes naming the default float32 engine with one of its fast paths off (printed as ratios to it)
+TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls")
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -289,6 +302,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             sdpa=spec.endswith("-sdpa"),
             hold_end=not spec.endswith("-nohold"),
             gemm=spec.endswith("-gemm"),
+            calls=spec.endswith("-calls"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
@@ -521,7 +535,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
     # the opt-in screen, and the int8 type without its attention kernel, when asked for (-unscreened: the
     # default float32 engine under another name, kept for round 11's commands, when the screen was on)
-    default = [e for e in ENGINES if not e.endswith(("screened", "-sdpa", "-nohold", "-gemm", "-sysheap"))]
+    default = [e for e in ENGINES if not e.endswith(("screened", "-nohold", *TWINS))]
     p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
@@ -599,7 +613,7 @@ def main() -> int:
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
     for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
-        for suffix in ("-sdpa", "-screened", "-unscreened", "-gemm", "-sysheap"):
+        for suffix in ("-screened", "-unscreened", *TWINS):
             plain = (spec.removesuffix(suffix), audio_name, mode)
             if spec.endswith(suffix) and plain in table:
                 print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
