@@ -77,12 +77,14 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
     half = block.mlp[0].weight
     try:
         block.mlp[0].weight = torch.nn.Parameter(half.float(), requires_grad=False)
+        use_block_step(decoder)  # weights replaced by hand: the structs are made again
         assert block.block_step.parameters(block) is None
         calls.clear()
         float32_linear, _ = _decode(decoder, jfk_cross, 1, steps=2)
         assert len(calls) == 2 * (len(decoder.blocks) - 1)  # the other blocks still take it
     finally:
         block.mlp[0].weight = half
+        use_block_step(decoder)
     assert block.block_step.parameters(block) is not None
     assert torch.equal(float32_linear, _decode(decoder, jfk_cross, 1, steps=2)[0])
 
@@ -95,3 +97,24 @@ def test_a_full_self_kv_is_refused_not_overrun(tiny_model, jfk_cross):
     assert not block.block_step.takes(block, x, [1], self_kv, jfk_cross[0])
     with pytest.raises(ValueError, match="is full"), torch.no_grad():
         block.forward_rows(x, [1], [self_kv], [jfk_cross[0]])
+
+
+def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
+    """``.float()`` after a step makes the blocks' structs again (the tensors are new); a float32 model
+    quantised after loading steps through the int8 type's own paths, with the int8 type's tokens."""
+    from whisperkv.model.quantize import quantize_int8
+
+    model = whisperkv.load_model("tiny.en")
+    clip = str(speech_dir / "en" / "jfk.flac")
+    before = [s["tokens"] for s in model.transcribe(clip)["segments"]]
+    step = model.decoder.blocks[0].block_step
+    assert id(model.decoder.blocks[0]) in step._prepared
+    model.float()
+    assert id(model.decoder.blocks[0]) not in step._prepared
+    assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == before
+    quantize_int8(model)
+    assert all(b.step_rows is None and b.block_step is None for b in model.decoder.blocks)
+    int8 = whisperkv.load_model("tiny.en", compute_type="int8")
+    assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == [
+        s["tokens"] for s in int8.transcribe(clip)["segments"]
+    ]

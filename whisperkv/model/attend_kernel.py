@@ -224,6 +224,9 @@ def use_attention_kernels(
         from whisperkv.model.step_rows import use_step_rows
 
         step_rows = use_step_rows(model.decoder, on=kernel is not None and rows)
+    else:  # a float32 model quantised after loading: its float32 step kernels cannot read int8 linears
+        for block in model.decoder.blocks:
+            block.step_rows = block.block_step = None
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16

@@ -14,6 +14,7 @@ over several requests' caches, a prompt) keeps the call-by-call path, its twin.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,8 +63,11 @@ class BlockStep:
         self._step.restype = ctypes.c_int
         self._step.argtypes = [ctypes.POINTER(BlockParameters), _POINTER, _LONG, _POINTER, _POINTER]
         self._step.argtypes += [_LONG] * 4 + [_POINTER, _POINTER] + [_LONG] * 5 + [_POINTER, _FLOAT]
-        #: per block: the pointers its struct was made of, and the struct (rebuilt if a weight moved)
-        self._parameters: dict[int, tuple[tuple[int, ...], BlockParameters | None]] = {}
+        #: per block (by id): a weak reference to it, its struct (None: not the kernel's), and the tensors
+        #: the struct points into, held so that no pointer outlives its memory. Made on a block's first
+        #: step (27 µs: too slow to check every step); ``DecoderBlock._apply`` (``.to()``, ``.float()``)
+        #: forgets it, and ``use_block_step`` starts afresh after weights are replaced.
+        self._prepared: dict[int, tuple[weakref.ref, BlockParameters | None, list[torch.Tensor]]] = {}
 
     def __deepcopy__(self, memo: dict) -> BlockStep:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -73,15 +77,19 @@ class BlockStep:
 
     def parameters(self, block: DecoderBlock) -> BlockParameters | None:
         """The block's struct, or None where a linear is not held in float16 (or a shape is not the
-        kernel's): then the block steps call by call."""
-        norms, linears, eps = _tensors(block)
-        key = tuple(t.data_ptr() for t in norms + linears)
-        held = self._parameters.get(id(block))
-        if held is not None and held[0] == key:
+        kernel's): then the block steps call by call. Made once per block: after replacing a block's
+        weights by hand, call ``use_block_step`` again."""
+        held = self._prepared.get(id(block))
+        if held is not None and held[0]() is block:
             return held[1]
+        norms, linears, eps = _tensors(block)
         made = _make_parameters(block, norms, linears, eps)
-        self._parameters[id(block)] = (key, made)
+        self._prepared[id(block)] = (weakref.ref(block), made, norms + linears)
         return made
+
+    def forget(self, block: DecoderBlock) -> None:
+        """Drop the block's struct: its tensors moved (``DecoderBlock._apply``)."""
+        self._prepared.pop(id(block), None)
 
     def takes(
         self, block: DecoderBlock, x: torch.Tensor, sizes: list[int], self_kv: SelfKV, cross_kv: CrossKV

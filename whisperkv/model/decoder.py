@@ -44,6 +44,13 @@ class DecoderBlock(nn.Module):
         #: with ``step_rows``: one cache's step of the whole block in one C call (``model/block_step.py``)
         self.block_step: BlockStep | None = None
 
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        """After ``.to()`` / ``.float()`` the block holds new tensors: the one-call step's struct of
+        pointers to the old ones goes."""
+        if self.block_step is not None:
+            self.block_step.forget(self)
+        return super()._apply(fn, recurse)
+
     def forward(
         self,
         x: torch.Tensor,
