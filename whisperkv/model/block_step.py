@@ -98,10 +98,14 @@ class BlockStep:
         n = x.shape[0]
         if len(sizes) != 1 or x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or n > MAX_QUERIES:
             return False
+        parameters = self.parameters(block)
+        if parameters is None or x.shape[2] != parameters.d:
+            return False
         key, value = self_kv.buffers
         cross_key, cross_value = cross_kv.key, cross_kv.value
         return (
             key.dtype == value.dtype == cross_key.dtype == cross_value.dtype == torch.float32
+            and key.shape[1] == cross_key.shape[1] == parameters.heads
             and key.shape[0] == n
             and key.shape[-1] == HEAD
             and cross_key.shape[-1] == HEAD
@@ -113,7 +117,6 @@ class BlockStep:
             and key.stride(-1) == 1
             and cross_key.stride() == cross_value.stride()
             and cross_key.stride(-1) == 1
-            and self.parameters(block) is not None
         )
 
     def __call__(
