@@ -134,10 +134,7 @@ class SelfKV:
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Write the keys/values [B, H, n, d/H] of n new positions after the ones held."""
         n = key.shape[2]
-        if self.length + n > self.capacity:
-            raise ValueError(
-                f"Self-KV of layer {self.layer} is full: {self.length} + {n} > {self.capacity} positions"
-            )
+        self._check_room(n)
         self._key[:, :, self.length : self.length + n] = key
         self._value[:, :, self.length : self.length + n] = value
         self.length += n
@@ -150,11 +147,14 @@ class SelfKV:
 
     def grow(self, n: int) -> None:
         """Count ``n`` positions written after the ones held (by a kernel, into ``buffers``)."""
+        self._check_room(n)
+        self.length += n
+
+    def _check_room(self, n: int) -> None:
         if self.length + n > self.capacity:
             raise ValueError(
                 f"Self-KV of layer {self.layer} is full: {self.length} + {n} > {self.capacity} positions"
             )
-        self.length += n
 
     def truncate(self, length: int) -> None:
         """Hold only the first ``length`` positions (a speculative position that was not taken); the
