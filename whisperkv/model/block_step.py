@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from whisperkv.model.attend_kernel import HEAD, MAX_POSITIONS, MAX_ROWS, load_kernel
+
 if TYPE_CHECKING:
     from whisperkv.cache.kv import CrossKV, SelfKV
     from whisperkv.model.decoder import DecoderBlock
-
-HEAD = 64  # the attention kernel's head width (attend.c)
-MAX_QUERIES = 16  # query rows per window it takes (MAXQ in attend.c)
-MAX_POSITIONS = 1500  # cached positions it attends over (MAXT)
 
 _POINTER, _FLOAT, _LONG = ctypes.c_void_p, ctypes.c_float, ctypes.c_long
 
@@ -96,7 +94,7 @@ class BlockStep:
     ) -> bool:
         """Whether ``x`` [n, 1, d] is one cache's rows that this call computes as the call-by-call path."""
         n = x.shape[0]
-        if len(sizes) != 1 or x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or n > MAX_QUERIES:
+        if len(sizes) != 1 or x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or n > MAX_ROWS:
             return False
         parameters = self.parameters(block)
         if parameters is None or x.shape[2] != parameters.d:
@@ -112,7 +110,7 @@ class BlockStep:
             and self_kv.length < self_kv.capacity
             and 1 <= cross_key.shape[2] <= MAX_POSITIONS
             and n % cross_key.shape[0] == 0
-            and n // cross_key.shape[0] <= MAX_QUERIES
+            and n // cross_key.shape[0] <= MAX_ROWS
             and key.stride() == value.stride()
             and key.stride(-1) == 1
             and cross_key.stride() == cross_value.stride()
@@ -175,8 +173,6 @@ def _make_parameters(
 
 def load_block_step() -> BlockStep | None:
     """The kernel, from the library ``load_kernel`` builds; None where it cannot be built."""
-    from whisperkv.model.attend_kernel import load_kernel
-
     built = load_kernel()
     return BlockStep(built.library) if built is not None else None
 
