@@ -7,11 +7,13 @@ page: 20,000-34,000 minor page faults a window on tiny.en, about 40 ms of a 0.4 
 11 s clip (round 13, measured with ``resource.getrusage``). CTranslate2 avoids this with its own caching
 allocator. Here two glibc settings do it: blocks up to glibc's 32 MB ceiling come from the heap (not
 mmap), and up to 256 MB of free heap top is kept instead of trimmed. A repeated transcription of that
-clip then faults 0-1 pages (a lone second encoder pass about 560, against 5,300); tiny.en's peak RSS
-grew by about 10 MB.
+clip then faults 0-1 pages (a lone second encoder pass about 560, against 5,300).
 
 These are process-wide settings (like ``torch.set_num_threads``): ``load_model`` applies them for CPU
-models. ``WHISPERKV_HEAP=system`` leaves glibc's defaults (the benchmark's twin). Elsewhere (no glibc:
+models, once the weights are loaded. Applied before, the loader's transient copies stayed in the heap:
+the int8 model's load peaked at 584 against 546 MB (round 14), over faster-whisper int8's peak on a
+short clip. After, the peaks are the same within a few MB. ``WHISPERKV_HEAP=system`` leaves
+glibc's defaults (the benchmark's twin). Elsewhere (no glibc:
 macOS, musl) nothing changes.
 """
 
