@@ -2,6 +2,7 @@
 
 * fused query/key/value projection: bit-identical to the three separate layers, also after ``.to()``;
 * numpy argmax for greedy picks exactly what ``torch.argmax`` picks, ties and -inf included;
+* the greedy update through NumPy views gives the tokens, end flag and float32 sums of PyTorch's;
 * the timestamp rule's log-softmax, redone for its forced rows only, is the one of the logits it left;
 * a window encoded inside a batch (groups of ``CPU_ENCODER_GROUP``) gets exactly the features it gets
   encoded alone;
@@ -17,7 +18,7 @@ import torch
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperkv.decoding.logit_filters import TimestampRules
-from whisperkv.decoding.search import argmax_rows
+from whisperkv.decoding.search import GreedySearch, argmax_rows
 from whisperkv.metrics import word_errors
 from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
 from whisperkv.model.whisper import CPU_ENCODER_GROUP
@@ -63,6 +64,36 @@ def test_argmax_rows_matches_torch_including_ties_and_masked_entries():
     logits[3] = 0.0
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert argmax_rows(logits)[2] == 7
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_greedy_update_through_numpy_equals_its_torch_twin(rows):
+    """Twenty greedy steps on random logits (masked entries, ties, rows ending at different steps): the
+    NumPy path and PyTorch's give the same tokens, the same end flag, and sums equal to the bit."""
+    eot = 50256
+    search = GreedySearch(0.0, eot)
+    g = torch.Generator().manual_seed(rows)
+    tokens = {path: torch.full((rows, 3), 50257) for path in ("numpy", "torch")}
+    sums = {path: torch.zeros(rows) for path in ("numpy", "torch")}
+    for step in range(20):
+        logits = torch.randn(rows, 51864, generator=g) * 4
+        logits[:, 50300:] = float("-inf")
+        logits[0, 11] = logits[0, 13] = logits[0].max() + 1  # a tie: the first index wins in both
+        if step in (5, 12):
+            logits[-1, eot] = 100.0  # the last row ends; then the first one too
+            logits[0, eot] = 100.0 if step == 12 else logits[0, eot]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        out = {}
+        for path in ("numpy", "torch"):
+            out[path] = search.update(
+                tokens[path], logits.clone(), sums[path], logprobs.clone(), through_numpy=path == "numpy"
+            )
+            tokens[path] = out[path][0]
+        assert torch.equal(tokens["numpy"], tokens["torch"]), step
+        assert torch.equal(sums["numpy"], sums["torch"]), step
+        assert out["numpy"][1] == out["torch"][1]
+    assert (tokens["numpy"][-1, 9:] == eot).all() and tokens["numpy"][-1, 8] == eot
+    assert out["numpy"][1] == (rows == 1)  # one row: it ended; more: the middle ones never did
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])

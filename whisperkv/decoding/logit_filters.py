@@ -93,8 +93,7 @@ class TimestampRules(LogitFilter):
         """The rules that follow from the tokens alone (``apply`` adds the forced timestamp)."""
         ts = self.ts
         logits[:, self.no_timestamps] = NEG_INF
-        for row in range(tokens.shape[0]):
-            sampled = tokens[row, self.sample_begin :].tolist()
+        for row, sampled in enumerate(tokens[:, self.sample_begin :].tolist()):  # one copy, not one a row
             last_is_ts = len(sampled) >= 1 and sampled[-1] >= ts
             penultimate_is_ts = len(sampled) < 2 or sampled[-2] >= ts
             if last_is_ts:

@@ -24,6 +24,21 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def _numpy_views(
+    tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor, logprobs: torch.Tensor | None
+) -> bool:
+    """Whether a greedy update can read and write these tensors as NumPy arrays: CPU, float32 logits and
+    log-probabilities, a contiguous float32 sum it adds into, int64 tokens."""
+    return (
+        logprobs is not None
+        and all(t.device.type == "cpu" for t in (tokens, logits, sum_logprobs, logprobs))
+        and logits.dtype == logprobs.dtype == sum_logprobs.dtype == torch.float32
+        and tokens.dtype == torch.int64
+        and sum_logprobs.is_contiguous()
+        and not any(t.requires_grad for t in (logits, sum_logprobs, logprobs))
+    )
+
+
 class GreedySearch:
     """Argmax at temperature 0, otherwise sampling from softmax(logits / T). Rows are independent."""
 
@@ -38,8 +53,12 @@ class GreedySearch:
         logits: torch.Tensor,
         sum_logprobs: torch.Tensor,
         logprobs: torch.Tensor | None = None,
+        through_numpy: bool = True,
     ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
-        """``logprobs``: the log-softmax of ``logits`` when the caller has it already (the same bits)."""
+        """``logprobs``: the log-softmax of ``logits`` when the caller has it already (the same bits).
+        ``through_numpy=False``: PyTorch's operations only (the twin of ``_greedy_numpy``, in the tests)."""
+        if self.temperature == 0 and through_numpy and _numpy_views(tokens, logits, sum_logprobs, logprobs):
+            return self._greedy_numpy(tokens, logits, sum_logprobs, logprobs)  # type: ignore[arg-type]
         if self.temperature == 0:
             next_tokens = argmax_rows(logits)
         else:
@@ -56,6 +75,22 @@ class GreedySearch:
         next_tokens[finished] = self.eot  # a finished row keeps emitting end of text
         tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
         return tokens, bool((tokens[:, -1] == self.eot).all()), None
+
+    def _greedy_numpy(
+        self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor, logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, None]:
+        """``update`` at temperature 0 through NumPy views of the same tensors: the same argmax, the same
+        float32 product and sum (one IEEE rounding each, as PyTorch's), written into ``sum_logprobs``.
+        Why: the torch path is ten small operations, 100 µs of a 2 ms greedy step in a transcription
+        (about 45 here, round 14); ``through_numpy=False`` is its twin in the tests."""
+        next_tokens = np.argmax(logits.numpy(), axis=-1)
+        chosen = logprobs.numpy()[np.arange(len(next_tokens)), next_tokens]
+        finished = tokens[:, -1].numpy() == self.eot
+        sums = sum_logprobs.numpy()
+        sums += chosen * ~finished
+        next_tokens[finished] = self.eot
+        tokens = torch.cat([tokens, torch.from_numpy(next_tokens)[:, None]], dim=-1)
+        return tokens, bool((next_tokens == self.eot).all()), None
 
     def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
         """tokens [n_audio, n_group, T] → candidates per audio (each ending in eot) and their scores."""
