@@ -75,6 +75,9 @@ def main() -> int:
     decoder = model.decoder
     chosen = current_layout(decoder)
     screen_bytes = decoder.vocab_screen.int8_bytes if decoder.vocab_screen is not None else None
+    # as held for the steps (float16 where exact), before the layouts below are tried; the int8 type's
+    # embedding holds int8 rows (no ``weight``), and no byte count is printed for it
+    table_bytes = decoder.token_embedding.weight.nbytes if model.compute_type != "int8" else 0
     mel = pad_or_trim(
         log_mel_spectrogram(load_audio(SPEECH / "en" / "jfk.flac"), model.dims.n_mels), N_FRAMES
     )
@@ -193,7 +196,7 @@ def main() -> int:
         t.numel() * t.element_size() for t in decoder.blocks.parameters() if id(t) not in projected_once
     )
     layer_bytes += sum(kv.key.nbytes + kv.value.nbytes for kv in cross)
-    step_bytes = layer_bytes + decoder.token_embedding.weight.nbytes  # as held (float16 where exact)
+    step_bytes = layer_bytes + table_bytes
     bandwidth = _bandwidth_gb_s()
     print(
         f"\none greedy step reads {step_bytes / 1e6:.0f} MB (decoder weights, vocabulary table, Cross-KV); "
