@@ -120,8 +120,12 @@ def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
         [compiler, *flags, "-mno-avx512vnni", *map(str, SOURCES), "-o", str(plain), "-lm"], check=True
     )
     slow = Int8RowsKernel(ctypes.CDLL(str(plain)))
-    weight, bias = _layer(100, 96)
-    fast_layer, slow_layer = Int8Linear(weight, bias, kernel), Int8Linear(weight, bias, slow)
-    assert torch.equal(fast_layer._packed, slow_layer._packed)
-    x = torch.randn(21, 96, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(fast_layer(x), slow_layer(x))
+    # 1-10 rows: each group size the VNNI path splits a step's rows into (1-8 rows, several chains a
+    # row), then 21 (a full block of 16, and 5); widths of 24 and 25 dot-product steps (a split's tail)
+    for width in (96, 100):
+        weight, bias = _layer(100, width)
+        fast_layer, slow_layer = Int8Linear(weight, bias, kernel), Int8Linear(weight, bias, slow)
+        assert torch.equal(fast_layer._packed, slow_layer._packed)
+        x = torch.randn(21, width, generator=torch.Generator().manual_seed(5))
+        for rows in (*range(1, 11), 21):
+            assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)

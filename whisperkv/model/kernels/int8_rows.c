@@ -76,6 +76,44 @@ static void full_block_sums(const uint8_t *xq, long stride, long in, const int8_
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+/* G rows (G <= 8) through one weight block, each row's sum split over S interleaved accumulators (S
+ * divides nothing: the tail goes to the first): G x S independent chains of dot products, each weight
+ * line loaded once for the G rows. Integer sums, so the split gives the same totals as one chain. */
+static inline __attribute__((always_inline)) void group_sums(const uint8_t *xq, long stride, long in,
+                                                             const int8_t *block, int32_t sums[][LANES],
+                                                             const int G, const int S)
+{
+    __m512i acc[8][4];
+    for (int r = 0; r < G; r++)
+        for (int s = 0; s < S; s++) acc[r][s] = _mm512_setzero_si512();
+    const long steps = in / 4;
+    long k = 0;
+    for (; k + S <= steps; k += S)
+        for (int s = 0; s < S; s++) {
+            const __m512i weights = _mm512_loadu_si512((const void *)(block + (k + s) * LANES * 4));
+            for (int r = 0; r < G; r++) {
+                int32_t four;
+                memcpy(&four, xq + r * stride + 4 * (k + s), 4);
+                acc[r][s] = _mm512_dpbusd_epi32(acc[r][s], _mm512_set1_epi32(four), weights);
+            }
+        }
+    for (; k < steps; k++) {
+        const __m512i weights = _mm512_loadu_si512((const void *)(block + k * LANES * 4));
+        for (int r = 0; r < G; r++) {
+            int32_t four;
+            memcpy(&four, xq + r * stride + 4 * k, 4);
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_set1_epi32(four), weights);
+        }
+    }
+    for (int r = 0; r < G; r++) {
+        __m512i total = acc[r][0];
+        for (int s = 1; s < S; s++) total = _mm512_add_epi32(total, acc[r][s]);
+        _mm512_storeu_si512((void *)sums[r], total);
+    }
+}
+#endif
+
 /* The int32 sums of n <= ROWS quantised rows (``stride`` bytes apart) with one weight block: sums[r][lane]. */
 static void block_sums(const uint8_t *xq, long stride, long n, long in, const int8_t *block,
                        int32_t sums[ROWS][LANES])
@@ -85,15 +123,22 @@ static void block_sums(const uint8_t *xq, long stride, long n, long in, const in
         full_block_sums(xq, stride, in, block, sums);
         return;
     }
-    for (long r = 0; r < n; r++) { /* fewer rows (a decoder step's 1-15): one row's sum at a time */
-        __m512i acc = _mm512_setzero_si512();
-        for (long k = 0; k < in / 4; k++) {
-            int32_t four;
-            memcpy(&four, xq + r * stride + 4 * k, 4);
-            acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(four),
-                                      _mm512_loadu_si512((const void *)(block + k * LANES * 4)));
+    /* fewer rows (a decoder step's 1-15): up to 8 at a time, each weight line loaded once for them,
+     * with enough independent chains (rows x accumulators >= 4) to keep the dot-product unit busy */
+    for (long r = 0; r < n;) {
+        const long g = n - r > 8 ? 8 : n - r;
+        const uint8_t *x = xq + r * stride;
+        switch (g) {
+        case 1: group_sums(x, stride, in, block, sums + r, 1, 4); break;
+        case 2: group_sums(x, stride, in, block, sums + r, 2, 2); break;
+        case 3: group_sums(x, stride, in, block, sums + r, 3, 2); break;
+        case 4: group_sums(x, stride, in, block, sums + r, 4, 1); break;
+        case 5: group_sums(x, stride, in, block, sums + r, 5, 1); break;
+        case 6: group_sums(x, stride, in, block, sums + r, 6, 1); break;
+        case 7: group_sums(x, stride, in, block, sums + r, 7, 1); break;
+        default: group_sums(x, stride, in, block, sums + r, 8, 1); break;
         }
-        _mm512_storeu_si512((void *)sums[r], acc);
+        r += g;
     }
 #else
     for (long r = 0; r < n; r++) {
