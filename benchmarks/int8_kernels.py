@@ -1,6 +1,7 @@
 """int8 kernels for a decoder step: fbgemm's dynamic quantisation, the rows kernel, weight-only int8.
 
     PYTHONPATH=. .venv/bin/python benchmarks/int8_kernels.py [--threads 2] [--rows 1,5,40] [--repeats 15]
+                                                              [--against COMMIT]
 
 For each decoder-shaped product of tiny.en (fused query/key/value, MLP up and down, the vocabulary
 projection) on ``--rows`` rows (1: greedy, 5: a beam-5 window, 40: batched beam 5): ``Int8Linear``
@@ -9,13 +10,19 @@ per call), through the C rows kernel (``model/int8_rows.py``: the same int8 weig
 row), and ``aten._weight_int8pack_mm`` (activations kept in bfloat16). Each is timed warm (the same
 weights again) and cold (64 MB of other data written between calls, as a real step's other reads do),
 interleaved, medians in microseconds; each one's largest error against the float32 product beside.
+``--against COMMIT``: also the rows kernel built from that commit's ``kernels/int8_rows.c`` (same
+flags), and whether its products equal the current kernel's bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +44,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", default="1", help="comma list of row counts")
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--against", help="a commit whose int8 rows kernel to time beside the current one")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from whisperkv.model.int8_rows import load_rows_kernel
@@ -46,6 +54,9 @@ def main() -> int:
     kernel = load_rows_kernel()
     print("rows kernel:", "not built (no C compiler)" if kernel is None else "built")
     ways = ["fbgemm", "rows kernel", "int8pack"] if kernel is not None else ["fbgemm", "int8pack"]
+    other = _kernel_at(args.against) if args.against and kernel is not None else None
+    if other is not None:
+        ways.insert(2, f"at {args.against}")
     header = f"{'product':<16}{'out x in':>11}{'rows':>5}"
     header += "".join(f"{w + ' ' + c:>18}" for c in ("warm", "cold") for w in ways)
     print(f"\n{header}  max |error| " + ", ".join(ways))
@@ -56,6 +67,8 @@ def main() -> int:
         layers = {"fbgemm": [Int8Linear(weight, None) for _ in range(3)]}
         if kernel is not None:
             layers["rows kernel"] = [Int8Linear(weight, None, kernel) for _ in range(3)]
+        if other is not None:  # the same packed layout: only the kernel differs
+            layers[f"at {args.against}"] = [Int8Linear(weight, None, other) for _ in range(3)]
         scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
         qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
         packs = [(qweight.clone(), scales.to(torch.bfloat16)) for _ in range(3)]
@@ -72,6 +85,9 @@ def main() -> int:
 
             reference = x @ weight.T
             errors = [float((call(w, 0) - reference).abs().max()) for w in ways]
+            if other is not None:
+                same = torch.equal(call("rows kernel", 0), call(f"at {args.against}", 0))
+                errors.append(f"bits {'equal' if same else 'DIFFER'} at {args.against}")  # type: ignore[arg-type]
             times: dict[tuple[str, bool], list[float]] = {(w, c): [] for w in ways for c in (False, True)}
             for n in range(args.repeats):
                 for cold in (False, True):
@@ -86,8 +102,30 @@ def main() -> int:
             row = "".join(
                 f"{statistics.median(times[(w, c)]) * 1e6:>16.0f}us" for c in (False, True) for w in ways
             )
-            print(f"{name:<16}{f'{out}x{width}':>11}{rows:>5}{row}  " + ", ".join(f"{e:.4f}" for e in errors))
+            shown = ", ".join(e if isinstance(e, str) else f"{e:.4f}" for e in errors)
+            print(f"{name:<16}{f'{out}x{width}':>11}{rows:>5}{row}  {shown}")
     return 0
+
+
+def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
+    """The rows kernel built from ``commit``'s ``int8_rows.c`` with the library's flags, or None (no
+    compiler, or no such file at that commit)."""
+    from whisperkv.model.attend_kernel import FLAGS
+    from whisperkv.model.int8_rows import Int8RowsKernel
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    root = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(
+        ["git", "show", f"{commit}:whisperkv/model/kernels/int8_rows.c"], cwd=root, capture_output=True
+    )
+    if compiler is None or shown.returncode:
+        print(f"no int8 rows kernel at {commit}: {shown.stderr.decode().strip() or 'no C compiler'}")
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="int8_rows_"))
+    (folder / "int8_rows.c").write_bytes(shown.stdout)
+    built = folder / "int8_rows.so"
+    subprocess.run([compiler, *FLAGS, str(folder / "int8_rows.c"), "-o", str(built), "-lm"], check=True)
+    return Int8RowsKernel(ctypes.CDLL(str(built)))
 
 
 if __name__ == "__main__":
