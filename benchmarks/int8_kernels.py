@@ -1,7 +1,7 @@
 """int8 kernels for a decoder step: fbgemm's dynamic quantisation, the rows kernel, weight-only int8.
 
     PYTHONPATH=. .venv/bin/python benchmarks/int8_kernels.py [--threads 2] [--rows 1,5,40] [--repeats 15]
-                                                              [--against COMMIT]
+        [--against COMMIT [--transcribe short,utterances]]
 
 For each decoder-shaped product of tiny.en (fused query/key/value, MLP up and down, the vocabulary
 projection) on ``--rows`` rows (1: greedy, 5: a beam-5 window, 40: batched beam 5): ``Int8Linear``
@@ -11,7 +11,9 @@ row), and ``aten._weight_int8pack_mm`` (activations kept in bfloat16). Each is t
 weights again) and cold (64 MB of other data written between calls, as a real step's other reads do),
 interleaved, medians in microseconds; each one's largest error against the float32 product beside.
 ``--against COMMIT``: also the rows kernel built from that commit's ``kernels/int8_rows.c`` (same
-flags), and whether its products equal the current kernel's bit for bit.
+flags), and whether its products equal the current kernel's bit for bit; with ``--transcribe``, two
+tiny.en int8 models (one given that kernel) transcribe the benchmark's audio (``bench.build_audio``)
+greedy and beam 5, interleaved, medians of ``--repeats``, and whether their texts are the same.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> int:
     p.add_argument("--rows", default="1", help="comma list of row counts")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--against", help="a commit whose int8 rows kernel to time beside the current one")
+    p.add_argument("--transcribe", help="with --against: whole transcriptions of these bench.py audios")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from whisperkv.model.int8_rows import load_rows_kernel
@@ -104,7 +107,43 @@ def main() -> int:
             )
             shown = ", ".join(e if isinstance(e, str) else f"{e:.4f}" for e in errors)
             print(f"{name:<16}{f'{out}x{width}':>11}{rows:>5}{row}  {shown}")
+    if other is not None and args.transcribe:
+        _transcriptions(other, args.against, args.transcribe.split(","), args.repeats)
     return 0
+
+
+def _transcriptions(other, commit: str, audio_names: list[str], repeats: int) -> None:  # noqa: ANN001
+    """tiny.en int8 with the current rows kernel and with ``other``, transcriptions interleaved."""
+    from bench import build_audio
+
+    import whisperkv
+    from whisperkv.model.quantize import Int8Linear
+
+    audios, _ = build_audio(min_utterance_seconds=120)
+    models = {"now": whisperkv.load_model("tiny.en", compute_type="int8")}
+    models[commit] = whisperkv.load_model("tiny.en", compute_type="int8")
+    for layer in models[commit].modules():
+        if isinstance(layer, Int8Linear) and layer.kernel is not None:
+            layer.kernel = other  # the packed weights are laid out the same for both
+    for model in models.values():
+        model.transcribe(audios["warmup"], language="en", verbose=None)
+    print(f"\ntiny.en int8 transcriptions, medians of {repeats} (interleaved): now against {commit}")
+    for name in audio_names:
+        for beam in (None, 5):
+            times: dict[str, list[float]] = {key: [] for key in models}
+            texts: dict[str, str] = {}
+            for _ in range(repeats):
+                for key, model in models.items():
+                    start = time.perf_counter()
+                    result = model.transcribe(audios[name], language="en", verbose=None, beam_size=beam)
+                    texts[key] = result["text"]
+                    times[key].append(time.perf_counter() - start)
+            now, then = statistics.median(times["now"]), statistics.median(times[commit])
+            mode = "greedy" if beam is None else f"beam{beam}"
+            print(
+                f"{name:<11}{mode:<7} now {now:6.2f} s  at {commit} {then:6.2f} s  ratio {now / then:.2f}  "
+                f"same text: {texts['now'] == texts[commit]}"
+            )
 
 
 def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
