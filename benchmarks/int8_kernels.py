@@ -164,7 +164,9 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     (folder / "int8_rows.c").write_bytes(shown.stdout)
     built = folder / "int8_rows.so"
     subprocess.run([compiler, *FLAGS, str(folder / "int8_rows.c"), "-o", str(built), "-lm"], check=True)
-    return Int8RowsKernel(ctypes.CDLL(str(built)))
+    library = ctypes.CDLL(str(built))
+    shutil.rmtree(folder)  # the loaded library stays mapped
+    return Int8RowsKernel(library)
 
 
 if __name__ == "__main__":
