@@ -183,6 +183,7 @@ def main() -> int:
     print(f"{'sum of the layers':<48}{layers:>10.3f}")
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
     if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
+        _int8_step_shares(engine_step, args.repeats)
         return 0
     # every block parameter as held (float16 where exact), but the cross-attention key/value projections:
     # they make a window's Cross-KV once, and a step reads the Cross-KV instead
@@ -210,6 +211,50 @@ def main() -> int:
             f"the float32 one; the few exact rows aside): at least {screened_bytes / 1e6 / bandwidth:.2f} ms"
         )
     return 0
+
+
+def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
+    """Of the int8 type's engine step (1 row), the time inside the int8 rows kernel and inside the
+    attention kernel (timed around each C call), and the rest: PyTorch and Python between them, which
+    a block step in C (as the float32 type has) would take away. Medians over the steps."""
+    from whisperkv.model.attend_kernel import AttendKernel
+    from whisperkv.model.int8_rows import Int8RowsKernel
+
+    spent = {"int8 rows kernel": 0.0, "attention kernel": 0.0}
+    products, attend = Int8RowsKernel._run, AttendKernel.__call__
+
+    def timed(fn, key: str):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - start
+
+        return call
+
+    rows: dict[str, list[float]] = {"whole": [], **{key: [] for key in spent}}
+    Int8RowsKernel._run = timed(products, "int8 rows kernel")
+    AttendKernel.__call__ = timed(attend, "attention kernel")
+    try:
+        with torch.no_grad():  # as the engine steps
+            for n in range(10 + max(repeats, 50)):  # the first 10 warm up
+                spent.update(dict.fromkeys(spent, 0.0))
+                start = time.perf_counter()
+                engine_step()
+                whole = time.perf_counter() - start
+                if n >= 10:
+                    rows["whole"].append(whole)
+                    for key, seconds in spent.items():
+                        rows[key].append(seconds)
+    finally:
+        Int8RowsKernel._run, AttendKernel.__call__ = products, attend
+    rest = [w - sum(rows[key][n] for key in spent) for n, w in enumerate(rows["whole"])]
+    print(f"\n{'the engine step (1 row), timed around its C calls':<48}{'median ms':>10}")
+    for key in spent:
+        print(f"{'  inside the ' + key:<48}{statistics.median(rows[key]) * 1e3:>10.3f}")
+    print(f"{'  between them (PyTorch, Python)':<48}{statistics.median(rest) * 1e3:>10.3f}")
+    print(f"{'  whole step':<48}{statistics.median(rows['whole']) * 1e3:>10.3f}")
 
 
 def _greedy_steps(model, cache, held: int, token: torch.Tensor):  # noqa: ANN001, ANN202
