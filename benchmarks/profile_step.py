@@ -113,7 +113,7 @@ def main() -> int:
         parts["whole step, engine, 5 beam rows"] = median_ms(
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
-        if decoder.blocks[0].block_step is not None:  # float32: its twin, the kernels called one by one
+        if decoder.blocks[0].block_step is not None:  # its twin, the kernels called one by one
             from whisperkv.model.block_step import use_block_step
 
             use_block_step(decoder, on=False)
@@ -122,12 +122,13 @@ def main() -> int:
                 lambda: engine_step(beams, beam_tokens), args.repeats
             )
             use_block_step(decoder)
-        if decoder.blocks[0].step_rows is not None:  # float32: its twin, the row GEMMs (before round 11)
-            from whisperkv.model.attend_kernel import use_attention_kernels
+        if decoder.blocks[0].step_rows is not None:  # its twin: float32's row GEMMs (before round 11),
+            from whisperkv.model.attend_kernel import use_attention_kernels  # int8's PyTorch (round 14)
 
+            twin = "PyTorch between kernels" if model.compute_type == "int8" else "row GEMMs"
             use_attention_kernels(model, rows=False)
-            parts["whole step, engine, 1 row, row GEMMs"] = median_ms(engine_step, args.repeats)
-            parts["whole step, engine, 5 beam rows, row GEMMs"] = median_ms(
+            parts[f"whole step, engine, 1 row, {twin}"] = median_ms(engine_step, args.repeats)
+            parts[f"whole step, engine, 5 beam rows, {twin}"] = median_ms(
                 lambda: engine_step(beams, beam_tokens), args.repeats
             )
             use_attention_kernels(model)
@@ -214,14 +215,16 @@ def main() -> int:
 
 
 def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
-    """Of the int8 type's engine step (1 row), the time inside the int8 rows kernel and inside the
-    attention kernel (timed around each C call), and the rest: PyTorch and Python between them, which
-    a block step in C (as the float32 type has) would take away. Medians over the steps."""
+    """Of the int8 type's engine step (1 row), the time inside its C calls (each timed around it: the
+    blocks' one-call steps, the int8 rows kernel of the vocabulary and of any linear called alone, the
+    attention kernel called alone), and the rest: PyTorch and Python between them, which the block
+    step in C (round 15, ``model/int8_step.py``) took away. Medians over the steps."""
     from whisperkv.model.attend_kernel import AttendKernel
+    from whisperkv.model.block_step import BlockStep
     from whisperkv.model.int8_rows import Int8RowsKernel
 
-    spent = {"int8 rows kernel": 0.0, "attention kernel": 0.0}
-    products, attend = Int8RowsKernel._run, AttendKernel.__call__
+    spent = {"block step kernel": 0.0, "int8 rows kernel": 0.0, "attention kernel": 0.0}
+    products, attend, block = Int8RowsKernel._run, AttendKernel.__call__, BlockStep.__call__
 
     def timed(fn, key: str):  # noqa: ANN001, ANN202
         def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -236,6 +239,7 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
     rows: dict[str, list[float]] = {"whole": [], **{key: [] for key in spent}}
     Int8RowsKernel._run = timed(products, "int8 rows kernel")
     AttendKernel.__call__ = timed(attend, "attention kernel")
+    BlockStep.__call__ = timed(block, "block step kernel")
     try:
         with torch.no_grad():  # as the engine steps
             for n in range(10 + max(repeats, 50)):  # the first 10 warm up
@@ -248,7 +252,7 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
                     for key, seconds in spent.items():
                         rows[key].append(seconds)
     finally:
-        Int8RowsKernel._run, AttendKernel.__call__ = products, attend
+        Int8RowsKernel._run, AttendKernel.__call__, BlockStep.__call__ = products, attend, block
     rest = [w - sum(rows[key][n] for key in spent) for n, w in enumerate(rows["whole"])]
     print(f"\n{'the engine step (1 row), timed around its C calls':<48}{'median ms':>10}")
     for key in spent:

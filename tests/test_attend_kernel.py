@@ -175,13 +175,15 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     """An encoder output or a cache made with the type's own attention is never taken for one made with
     SDPA: the weights digest every provenance carries says which was used."""
     own = int8_model.weights_digest
-    assert own.endswith("+attention(decoder kernel, bfloat16 caches, encoder head-by-head)") or (
+    # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds
+    linears = ", linears kernel" if int8_model.decoder.blocks[0].step_rows is not None else ""
+    assert own.endswith(f"+attention(decoder kernel, bfloat16 caches{linears}, encoder head-by-head)") or (
         "encoder sdpa" in own
     )
     assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:
         use_attention_kernels(int8_model, bfloat16_caches=False)
-        assert "+attention(decoder kernel, encoder" in int8_model.weights_digest
+        assert f"+attention(decoder kernel{linears}, encoder" in int8_model.weights_digest
         assert int8_model.decoder.kv_dtype is None  # float32 caches, read by the same kernel
         use_attention_kernels(int8_model, on=False)
         assert int8_model.weights_digest != own

@@ -10,6 +10,7 @@ import torch
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperkv.model.block_step import BlockStep, use_block_step
+from whisperkv.model.step_rows import StepRowsKernel
 
 PROMPT = [50257, 50362, 440]
 
@@ -113,7 +114,14 @@ def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
     assert id(model.decoder.blocks[0]) not in step._prepared
     assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == before
     quantize_int8(model)
-    assert all(b.step_rows is None and b.block_step is None for b in model.decoder.blocks)
+    from whisperkv.model.int8_step import Int8BlockStep, Int8StepRows
+
+    assert all(
+        type(b.step_rows) is not StepRowsKernel and type(b.block_step) is not BlockStep
+        for b in model.decoder.blocks
+    )
+    assert all(b.step_rows is None or isinstance(b.step_rows, Int8StepRows) for b in model.decoder.blocks)
+    assert all(b.block_step is None or isinstance(b.block_step, Int8BlockStep) for b in model.decoder.blocks)
     int8 = whisperkv.load_model("tiny.en", compute_type="int8")
     assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == [
         s["tokens"] for s in int8.transcribe(clip)["segments"]

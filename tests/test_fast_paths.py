@@ -202,7 +202,11 @@ def _int8_agreement(tiny_model, int8_model, clips):
 
 
 def test_int8_transcripts_agree_with_float32_on_real_speech(tiny_model, int8_model, speech_dir):
-    _int8_agreement(tiny_model, int8_model, english_clips()[:4])  # 63 reference words
+    # 150 reference words: on the first 4 clips' 63 words the 3-point margin was under 2 words, and one
+    # near-tie of one clip decided the test (round 15: "flower-fat and" for "flower-fattened" when the
+    # int8 step's LayerNorm moved into C; over all 45 English clips int8 made 73 errors, 71 before, 69
+    # float32)
+    _int8_agreement(tiny_model, int8_model, english_clips()[:8])
 
 
 @pytest.mark.slow

@@ -48,10 +48,11 @@ if TYPE_CHECKING:
 #: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``),
 #: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates
 #: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``) and a block's whole
-#: step (``model/block_step.py``)
+#: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c", "block_step.c")
+    + ("int8_block_step.c",)
 )
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
@@ -224,9 +225,10 @@ def use_attention_kernels(
         from whisperkv.model.step_rows import use_step_rows
 
         step_rows = use_step_rows(model.decoder, on=kernel is not None and rows)
-    else:  # a float32 model quantised after loading: its float32 step kernels cannot read int8 linears
-        for block in model.decoder.blocks:
-            block.step_rows = block.block_step = None
+    else:  # the int8 type's own step kernels (``model/int8_step.py``), or PyTorch between its kernels
+        from whisperkv.model.int8_step import use_int8_step
+
+        step_rows = use_int8_step(model.decoder, on=kernel is not None and rows)
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16

@@ -54,18 +54,26 @@ def _tensors(block: DecoderBlock) -> tuple[list[torch.Tensor], list[torch.Tensor
 
 
 class BlockStep:
-    """``DecoderBlock``'s step through ``wkv_block_step`` where it ``takes`` the rows."""
+    """``DecoderBlock``'s step through ``wkv_block_step`` where it ``takes`` the rows.
+
+    The int8 type's (``model/int8_step.py``) is this class with another C function, struct and cache
+    dtype: ``FUNCTION``, ``CACHES`` and ``_make``."""
+
+    #: the C function: (struct, rows, Self-KV and its strides, Cross-KV and its strides, work, scale)
+    FUNCTION = "wkv_block_step"
+    #: the dtype of the caches it reads and writes
+    CACHES = torch.float32
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._step = library.wkv_block_step
+        self._step = getattr(library, self.FUNCTION)
         self._step.restype = ctypes.c_int
-        self._step.argtypes = [ctypes.POINTER(BlockParameters), _POINTER, _LONG, _POINTER, _POINTER]
+        self._step.argtypes = [_POINTER, _POINTER, _LONG, _POINTER, _POINTER]
         self._step.argtypes += [_LONG] * 4 + [_POINTER, _POINTER] + [_LONG] * 5 + [_POINTER, _FLOAT]
         #: per block (by id): a weak reference to it, its struct (None: not the kernel's), and the tensors
         #: the struct points into, held so that no pointer outlives its memory. Made on a block's first
         #: step (27 µs: too slow to check every step); ``DecoderBlock._apply`` (``.to()``, ``.float()``)
         #: forgets it, and ``use_block_step`` starts afresh after weights are replaced.
-        self._prepared: dict[int, tuple[weakref.ref, BlockParameters | None, list[torch.Tensor]]] = {}
+        self._prepared: dict[int, tuple[weakref.ref, ctypes.Structure | None, list[torch.Tensor]]] = {}
 
     def __deepcopy__(self, memo: dict) -> BlockStep:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -73,17 +81,21 @@ class BlockStep:
     def __reduce__(self) -> tuple:
         return (load_block_step, ())  # another process loads (or builds) its own
 
-    def parameters(self, block: DecoderBlock) -> BlockParameters | None:
+    def parameters(self, block: DecoderBlock) -> ctypes.Structure | None:
         """The block's struct, or None where a linear is not held in float16 (or a shape is not the
         kernel's): then the block steps call by call. Made once per block: after replacing a block's
         weights by hand, call ``use_block_step`` again."""
         held = self._prepared.get(id(block))
         if held is not None and held[0]() is block:
             return held[1]
-        norms, linears, eps = _tensors(block)
-        made = _make_parameters(block, norms, linears, eps)
-        self._prepared[id(block)] = (weakref.ref(block), made, norms + linears)
+        made, tensors = self._make(block)
+        self._prepared[id(block)] = (weakref.ref(block), made, tensors)
         return made
+
+    def _make(self, block: DecoderBlock) -> tuple[ctypes.Structure | None, list[torch.Tensor]]:
+        """The block's struct (or None), and the tensors it points into."""
+        norms, linears, eps = _tensors(block)
+        return _make_parameters(block, norms, linears, eps), norms + linears
 
     def forget(self, block: DecoderBlock) -> None:
         """Drop the block's struct: its tensors moved (``DecoderBlock._apply``)."""
@@ -102,7 +114,7 @@ class BlockStep:
         key, value = self_kv.buffers
         cross_key, cross_value = cross_kv.key, cross_kv.value
         return (
-            key.dtype == value.dtype == cross_key.dtype == cross_value.dtype == torch.float32
+            key.dtype == value.dtype == cross_key.dtype == cross_value.dtype == self.CACHES
             and key.shape[1] == cross_key.shape[1] == parameters.heads
             and key.shape[0] == n
             and key.shape[-1] == HEAD

@@ -27,6 +27,7 @@ from whisperkv.model.vocab_screen import VocabScreen
 if TYPE_CHECKING:
     from whisperkv.model.block_step import BlockStep
     from whisperkv.model.draft import DraftDecoder
+    from whisperkv.model.int8_step import Int8StepRows
     from whisperkv.model.step_rows import StepRowsKernel
 
 
@@ -39,8 +40,9 @@ class DecoderBlock(nn.Module):
         self.cross_attn = MultiHeadAttention(n_state, n_head)
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
-        #: float32 CPU steps' linears in one C call each (``model/step_rows.py``), or None: row GEMMs
-        self.step_rows: StepRowsKernel | None = None
+        #: CPU steps' linears in one C call each (float32: ``model/step_rows.py``; int8:
+        #: ``model/int8_step.py``), or None: row GEMMs (float32), PyTorch between the kernels (int8)
+        self.step_rows: StepRowsKernel | Int8StepRows | None = None
         #: with ``step_rows``: one cache's step of the whole block in one C call (``model/block_step.py``)
         self.block_step: BlockStep | None = None
 
@@ -103,19 +105,19 @@ class DecoderBlock(nn.Module):
             return self.block_step(self, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
         rows, (b, t, d) = self.step_rows, x.shape
         x = x.reshape(b * t, d)
-        qkv = rows(x, self.attn.qkv.weight, self.attn.qkv.bias, norm=self.attn_ln).view(b, t, 3 * d)
+        qkv = rows.through(x, self.attn.qkv, norm=self.attn_ln).view(b, t, 3 * d)
         n_head = self.attn.n_head
         q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], n_head), heads(qkv[..., 2 * d :], n_head)
         out = self.attn.out
         attended = self._self_attention(q, k, v, sizes, self_kvs).reshape(b * t, d)
-        x = rows(attended, out.weight, out.bias, residual=x)
+        x = rows.through(attended, out, residual=x)
         query, out = self.cross_attn.query, self.cross_attn.out
-        q = rows(x, query.weight, query.bias, norm=self.cross_attn_ln).view(b, t, d)
+        q = rows.through(x, query, norm=self.cross_attn_ln).view(b, t, d)
         attended = self._cross_attention(q, sizes, cross_kvs).reshape(b * t, d)
-        x = rows(attended, out.weight, out.bias, residual=x)
+        x = rows.through(attended, out, residual=x)
         up, _, down = self.mlp
-        hidden = rows(x, up.weight, up.bias, norm=self.mlp_ln, gelu=True)
-        return rows(hidden, down.weight, down.bias, residual=x).view(b, t, d)
+        hidden = rows.through(x, up, norm=self.mlp_ln, gelu=True)
+        return rows.through(hidden, down, residual=x).view(b, t, d)
 
     def _self_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV]

@@ -105,6 +105,18 @@ class StepRowsKernel:
             raise ValueError(f"the step rows kernel does not take a {out} x {width} matrix")
         return y
 
+    def through(
+        self,
+        x: torch.Tensor,
+        layer: nn.Linear,
+        norm: nn.LayerNorm | None = None,
+        gelu: bool = False,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``layer``'s weight and bias on rows ``x`` (``__call__``): how a block's step calls its linears,
+        whatever kernel holds them (the int8 type's: ``model/int8_step.py``)."""
+        return self(x, layer.weight, layer.bias, norm=norm, gelu=gelu, residual=residual)
+
 
 def half_copy(table: torch.Tensor) -> torch.Tensor | None:
     """A float16 copy of a float32 matrix whose every value is a float16 (a checkpoint stored in float16,

@@ -170,6 +170,10 @@ def apply_layout(decoder: nn.Module, layout: str, screen: bool | None = None) ->
     decoder.vocab_screen = None
     blocks = getattr(decoder, "blocks", None)
     kernel = getattr(blocks[0], "step_rows", None) if blocks else None  # as the decoder's steps do
+    from whisperkv.model.step_rows import StepRowsKernel
+
+    if not isinstance(kernel, StepRowsKernel):  # the int8 type's linears kernel reads no float table
+        kernel = None
     if layout == "columns":
         embedding.weight = nn.Parameter(column_major(weight), requires_grad=False)
         decoder.logits_projection = None

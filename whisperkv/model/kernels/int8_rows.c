@@ -172,17 +172,23 @@ static void quantised_norms(const float *row, long in, const uint8_t *xq, float 
     *norm = (float)sqrt(n);
 }
 
-/* y [R, out] = x [R, in] (rows x_row floats apart) times the packed weights transposed, each output
- * o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus bias (or NULL).
- * Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and runs all
- * the rows through a block, ROWS at a time, while it sits in the CPU's first-level cache: the weights
- * are read from memory once per call, however many rows. ``x_error`` and ``x_norm`` (R floats each,
- * or NULL): each row's |x - x̂| and |x̂| for the quantised row x̂ its products used. Returns 0, or 1
+float wkv_gelu(float v); /* rows_f32.c: rounded as written, without -ffast-math */
+void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out);
+
+/* y [R, out] (rows ys floats apart) = x [R, in] (rows x_row floats apart) times the packed weights
+ * transposed, each output o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus
+ * bias (or NULL), then GELU when do_gelu, then + residual[r] (rows rs floats apart, or NULL; it may be
+ * y itself). Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and
+ * runs all the rows through a block, ROWS at a time, while it sits in the CPU's first-level cache: the
+ * weights are read from memory once per call, however many rows. ``x_error`` and ``x_norm`` (R floats
+ * each, or NULL): each row's |x - x̂| and |x̂| for the quantised row x̂ its products used. Returns 0, or 1
  * when ``in`` is out of range or not a multiple of 4, 2 when the rows' buffer cannot be allocated
- * (nothing written). */
-int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
-                  const float *w_scale, const int32_t *w_sum, const float *bias, float *y,
-                  float *x_error, float *x_norm)
+ * (nothing written). One copy (noinline) for both entries below: an output's bits never depend on which
+ * entry made it. */
+static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long R, long in, long out,
+                                               const int8_t *packed, const float *w_scale, const int32_t *w_sum,
+                                               const float *bias, int do_gelu, const float *residual, long rs,
+                                               float *y, long ys, float *x_error, float *x_norm)
 {
     if (R < 1 || in < 4 || in > MAXIN || in % 4) return 1;
     uint8_t *xq = malloc((size_t)(R * in));
@@ -212,7 +218,10 @@ int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const i
                 for (long lane = 0; lane < lanes; lane++) {
                     const long o = b * LANES + lane;
                     const float total = (float)(sums[r][lane] - zero[r0 + r] * w_sum[o]);
-                    y[(r0 + r) * out + o] = scale[r0 + r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
+                    float v = scale[r0 + r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
+                    if (do_gelu) v = wkv_gelu(v);
+                    if (residual) v = residual[(r0 + r) * rs + o] + v;
+                    y[(r0 + r) * ys + o] = v;
                 }
         }
     }
@@ -220,4 +229,30 @@ int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const i
     free(scale);
     free(zero);
     return 0;
+}
+
+/* Int8Linear's product (model/int8_rows.py): y [R, out], contiguous. */
+int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
+                  const float *w_scale, const int32_t *w_sum, const float *bias, float *y,
+                  float *x_error, float *x_norm)
+{
+    return int8_rows(x, x_row, R, in, out, packed, w_scale, w_sum, bias, 0, NULL, 0, y, out, x_error, x_norm);
+}
+
+/* An int8 decoder step's linear with everything around it (model/int8_step.py), as wkv_rows_f32 does
+ * for float32 (rows_f32.c): LayerNorm of the n rows of x (rows xs floats apart) into scratch [n, in]
+ * when ln_weight is not NULL (``in`` then a multiple of 16), the product, bias, GELU, residual.
+ * Returns 0, or the failure int8_rows gives (3: a LayerNorm over a width not a multiple of 16). */
+int wkv_int8_rows_step(const float *x, long n, long xs, const float *ln_weight, const float *ln_bias, float eps,
+                       float *scratch, const int8_t *packed, const float *w_scale, const int32_t *w_sum,
+                       const float *bias, long out, long in, int do_gelu, const float *residual, long rs, float *y,
+                       long ys)
+{
+    if (ln_weight) {
+        if (in % 16 || n < 1) return 3;
+        for (long r = 0; r < n; r++) wkv_layer_norm(x + r * xs, in, ln_weight, ln_bias, eps, scratch + r * in);
+        x = scratch;
+        xs = in;
+    }
+    return int8_rows(x, xs, n, in, out, packed, w_scale, w_sum, bias, do_gelu, residual, rs, y, ys, NULL, NULL);
 }
