@@ -79,7 +79,8 @@ class WhisperKV(Engine):
         self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
         if sdpa:  # PyTorch's SDPA everywhere: int8 as before round 6, float32 as before round 9
             use_attention_kernels(self.model, on=False)
-        if gemm:  # float32 steps' linears through the row GEMMs, as before round 11
+        if gemm:  # float32 steps' linears through the row GEMMs (before round 11); int8 steps with
+            # PyTorch between the kernels (LayerNorms, GELU, residuals; before round 15)
             use_attention_kernels(self.model, rows=False)
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
@@ -267,6 +268,7 @@ ENGINES = (
     "whisperkv-fp32-calls",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
+    "whisperkv-int8-pytorch",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-fp32",
@@ -281,8 +283,8 @@ ENGINES = (
 )
 
 
-#: engine suffixes naming the default float32 engine with one of its fast paths off (printed as ratios to it)
-TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls")
+#: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
+TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch")
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -301,7 +303,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             screen=spec.endswith("-screened"),
             sdpa=spec.endswith("-sdpa"),
             hold_end=not spec.endswith("-nohold"),
-            gemm=spec.endswith("-gemm"),
+            gemm=spec.endswith(("-gemm", "-pytorch")),  # int8: PyTorch between its kernels, before round 15
             calls=spec.endswith("-calls"),
         )
     if spec.startswith("faster-whisper-"):
