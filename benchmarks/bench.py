@@ -69,6 +69,7 @@ class WhisperKV(Engine):
         hold_end: bool = True,
         gemm: bool = False,
         calls: bool = False,
+        head_by_head: bool = False,
     ) -> None:
         import torch
 
@@ -82,6 +83,8 @@ class WhisperKV(Engine):
         if gemm:  # float32 steps' linears through the row GEMMs (before round 11); int8 steps with
             # PyTorch between the kernels (LayerNorms, GELU, residuals; before round 15)
             use_attention_kernels(self.model, rows=False)
+        if head_by_head:  # the int8 type's bfloat16 encoder head by head, as before round 15 with AMX
+            use_attention_kernels(self.model, head_by_head=True)
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
 
@@ -97,6 +100,8 @@ class WhisperKV(Engine):
             layout += ", attn kernel"
         if self.model.decoder.kv_dtype == torch.bfloat16:
             layout += ", bf16 caches"
+        if self.model.encoder.blocks[0].attn.kernel is not None:
+            layout += ", encoder head by head"
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
         self.name += " no hold" if batched and not hold_end else ""
@@ -269,6 +274,7 @@ ENGINES = (
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-int8-pytorch",
+    "whisperkv-int8-headbyhead",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-fp32",
@@ -284,7 +290,7 @@ ENGINES = (
 
 
 #: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
-TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch")
+TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead")
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -305,6 +311,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             hold_end=not spec.endswith("-nohold"),
             gemm=spec.endswith(("-gemm", "-pytorch")),  # int8: PyTorch between its kernels, before round 15
             calls=spec.endswith("-calls"),
+            head_by_head=spec.endswith("-headbyhead"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"

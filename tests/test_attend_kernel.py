@@ -14,6 +14,7 @@ from whisperkv.metrics import normalize_text
 from whisperkv.model import attend_kernel
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel, use_attention_kernels
 from whisperkv.model.attention import HeadByHeadAttention, attend
+from whisperkv.model.cpu_flags import cpu_has_amx_bf16
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -140,13 +141,13 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
 
 def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     """float32 and int8 decoder steps attend through the kernel; the float32 encoder keeps SDPA, the int8
-    type's bfloat16 encoder goes head by head."""
+    type's bfloat16 encoder goes head by head (SDPA where the CPU has AMX: faster there)."""
     for model in (tiny_model, int8_model):
         assert model.decoder.attention_kernel is kernel
         assert all(b.attn.kernel is kernel and b.cross_attn.kernel is kernel for b in model.decoder.blocks)
     assert tiny_model.decoder.kv_dtype is None  # float32 caches
     encoder_attention = int8_model.encoder.blocks[0].attn.kernel
-    if int8_model.encoder_dtype == torch.bfloat16:  # 1,500 queries: head by head, not the step kernel
+    if int8_model.encoder_dtype == torch.bfloat16 and not cpu_has_amx_bf16():  # head by head
         assert isinstance(encoder_attention, HeadByHeadAttention)
     else:
         assert encoder_attention is None
@@ -261,3 +262,22 @@ def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
         use_attention_kernels(int8_model)
     assert texts["kernel"] == texts["sdpa"] == texts["bfloat16"]
     assert kv_bytes["sdpa"] == kv_bytes["kernel"] == 2 * kv_bytes["bfloat16"] == 4 * 2 * 1500 * WIDTH * 4
+
+
+def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model):
+    """Head by head without AMX, SDPA's bfloat16 path with it (faster there); either when asked, and the
+    weights digest says which made the encoder's numbers."""
+    if int8_model.encoder_dtype != torch.bfloat16:
+        pytest.skip("no native bfloat16 here: the int8 encoder has int8 linears and SDPA")
+    chosen = int8_model.encoder.blocks[0].attn.kernel
+    assert (chosen is None) == cpu_has_amx_bf16()
+    digest = int8_model.weights_digest
+    try:
+        for head_by_head in (True, False):
+            use_attention_kernels(int8_model, head_by_head=head_by_head)
+            kernels = [b.attn.kernel for b in int8_model.encoder.blocks]
+            assert all(isinstance(k, HeadByHeadAttention) == head_by_head for k in kernels)
+            assert int8_model.weights_digest.endswith("head-by-head)" if head_by_head else "encoder sdpa)")
+    finally:
+        use_attention_kernels(int8_model)
+    assert int8_model.weights_digest == digest

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from whisperkv.model.attention import HeadByHeadAttention
-from whisperkv.model.cpu_flags import cpu_flags
+from whisperkv.model.cpu_flags import cpu_flags, cpu_has_amx_bf16
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -189,7 +189,11 @@ ATTENTION_MARK = "+attention("  # which attention made a model's numbers, in its
 
 
 def use_attention_kernels(
-    model: Whisper, on: bool = True, bfloat16_caches: bool = True, rows: bool = True
+    model: Whisper,
+    on: bool = True,
+    bfloat16_caches: bool = True,
+    rows: bool = True,
+    head_by_head: bool | None = None,
 ) -> None:
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
@@ -198,7 +202,9 @@ def use_attention_kernels(
     bfloat16 (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
     bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
     call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
-    (``attention.HeadByHeadAttention``). The float32 encoder keeps SDPA.
+    (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
+    faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). The
+    float32 encoder keeps SDPA.
 
     The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
     (``model/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
@@ -231,7 +237,10 @@ def use_attention_kernels(
         step_rows = use_int8_step(model.decoder, on=kernel is not None and rows)
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
-    head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16
+    # the bfloat16 encoder head by head, but where the CPU has AMX: there SDPA's bfloat16 path is faster
+    if head_by_head is None:
+        head_by_head = not cpu_has_amx_bf16()
+    head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16 and head_by_head
     for block in model.encoder.blocks:
         block.attn.kernel = HeadByHeadAttention() if head_by_head else None
     if not int8 and kernel is None:

@@ -25,6 +25,11 @@ def cpu_has_vnni() -> bool:
     return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
 
 
+def cpu_has_amx_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 tiles (AMX): SDPA's bfloat16 path is fast here."""
+    return "amx_bf16" in cpu_flags()
+
+
 def cpu_has_avx512_vnni() -> bool:
     """True when the int8 rows kernel's fast path (512-bit ``vpdpbusd``) runs here."""
     return {"avx512f", "avx512_vnni"} <= cpu_flags()
