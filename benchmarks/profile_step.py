@@ -125,7 +125,7 @@ def main() -> int:
         if decoder.blocks[0].step_rows is not None:  # its twin: float32's row GEMMs (before round 11),
             from whisperkv.model.attend_kernel import use_attention_kernels  # int8's PyTorch (round 14)
 
-            twin = "PyTorch between kernels" if model.compute_type == "int8" else "row GEMMs"
+            twin = "PyTorch glue" if model.compute_type == "int8" else "row GEMMs"
             use_attention_kernels(model, rows=False)
             parts[f"whole step, engine, 1 row, {twin}"] = median_ms(engine_step, args.repeats)
             parts[f"whole step, engine, 5 beam rows, {twin}"] = median_ms(
@@ -172,7 +172,9 @@ def main() -> int:
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
     attention = "SDPA" if model.decoder.attention_kernel is None else "the C kernel (decoder steps)"
-    if model.decoder.blocks[0].step_rows is not None:
+    if model.decoder.blocks[0].step_rows is not None and model.compute_type == "int8":
+        attention += "; linears: the int8 step kernels (PyTorch between the kernels where named)"
+    elif model.decoder.blocks[0].step_rows is not None:
         attention += "; linears and vocabulary: the step rows kernel (the row GEMMs where named)"
     print(f"model: {args.model}, compute type {model.compute_type}; Self-KV holds {held} positions")
     print(f"attention: {attention}")
