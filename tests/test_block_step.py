@@ -23,6 +23,18 @@ def jfk_cross(tiny_model, speech_dir):
         return tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None]))
 
 
+@pytest.fixture(scope="module")
+def two_windows_cross(tiny_model, speech_dir):
+    """The Cross-KV of two windows (jfk and a LibriSpeech clip): a batched step's cache."""
+    model = tiny_model
+    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac"]
+    mel = torch.stack(
+        [pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / c)), N_FRAMES) for c in clips]
+    )
+    with torch.no_grad():
+        return model.decoder.project_cross_kv(model.embed_audio(mel), model.encoder_provenance(mel))
+
+
 def _decode(decoder, cross, rows: int, steps: int = 6):
     """Logits of ``steps`` steps (each row taking its best token) and the Self-KVs' keys and values."""
     cache = decoder.new_cache(cross, batch_size=rows)
@@ -126,3 +138,24 @@ def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
     assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == [
         s["tokens"] for s in int8.transcribe(clip)["segments"]
     ]
+
+
+def test_the_batched_modes_windows_take_it_past_16_rows(tiny_model, two_windows_cross, monkeypatch):
+    """Two windows of ten beams (20 rows, 10 a window: the batched mode's beam search) in one call per
+    block, with the twin's bits: the attention kernel's 16-row limit is per window."""
+    decoder = tiny_model.decoder
+    calls = []
+    call = BlockStep.__call__
+    monkeypatch.setattr(BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
+    fused = _decode(decoder, two_windows_cross, 20, steps=3)
+    assert len(calls) == 3 * len(decoder.blocks)
+    steps = [block.block_step for block in decoder.blocks]
+    try:
+        for block in decoder.blocks:
+            block.block_step = None
+        twin = _decode(decoder, two_windows_cross, 20, steps=3)
+    finally:
+        for block, step in zip(decoder.blocks, steps, strict=True):
+            block.block_step = step
+    assert torch.equal(fused[0], twin[0])
+    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))

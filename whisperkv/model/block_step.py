@@ -6,7 +6,8 @@ passed, views taken, the new keys and values copied into the Self-KV) cost 5-10 
 3 ms step. ``kernels/block_step.c`` makes the same calls in the same order on the same inputs, so every
 number is the call-by-call path's, bit for bit (the tests hold the two to ``torch.equal``); the Python
 between them goes. It applies where the call-by-call path would run the kernels throughout: one
-cache's rows (a lone window: greedy, or its beams), one new position each, the six linears held in
+cache's rows (a lone window: greedy, or its beams; or the batched mode's windows, up to 16 rows a
+window: since round 15), one new position each, the six linears held in
 float16 (``step_rows.half_copy``: both bundled models), float32 caches. Anything else (a server's step
 over several requests' caches, a prompt) keeps the call-by-call path, its twin.
 """
@@ -106,7 +107,8 @@ class BlockStep:
     ) -> bool:
         """Whether ``x`` [n, 1, d] is one cache's rows that this call computes as the call-by-call path."""
         n = x.shape[0]
-        if len(sizes) != 1 or x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or n > MAX_ROWS:
+        # any number of rows: the attention kernel's limit is per window (beams of one window's Cross-KV)
+        if len(sizes) != 1 or x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32:
             return False
         parameters = self.parameters(block)
         if parameters is None or x.shape[2] != parameters.d:
