@@ -8,65 +8,33 @@ import pytest
 import torch
 
 import whisperkv
-from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from tests.block_step_twins import PROMPT, assert_one_call_per_block_is_the_twin, cross_kv_of, decode_steps
 from whisperkv.model.block_step import BlockStep, use_block_step
 from whisperkv.model.step_rows import StepRowsKernel
-
-PROMPT = [50257, 50362, 440]
 
 
 @pytest.fixture(scope="module")
 def jfk_cross(tiny_model, speech_dir):
-    mel = pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / "en" / "jfk.flac")), N_FRAMES)
-    with torch.no_grad():
-        features = tiny_model.embed_audio(mel[None])
-        return tiny_model.decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None]))
+    return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac"])
 
 
 @pytest.fixture(scope="module")
 def two_windows_cross(tiny_model, speech_dir):
-    """The Cross-KV of two windows (jfk and a LibriSpeech clip): a batched step's cache."""
-    model = tiny_model
-    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac"]
-    mel = torch.stack(
-        [pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / c)), N_FRAMES) for c in clips]
-    )
-    with torch.no_grad():
-        return model.decoder.project_cross_kv(model.embed_audio(mel), model.encoder_provenance(mel))
-
-
-def _decode(decoder, cross, rows: int, steps: int = 6):
-    """Logits of ``steps`` steps (each row taking its best token) and the Self-KVs' keys and values."""
-    cache = decoder.new_cache(cross, batch_size=rows)
-    with torch.no_grad():
-        decoder(torch.tensor([PROMPT] * rows), cache)
-        tokens = torch.tensor([[1002 + i] for i in range(rows)])
-        logits = []
-        for _ in range(steps):
-            out = decoder.forward_rows([(tokens, cache)])
-            logits.append(out)
-            tokens = out.argmax(-1, keepdim=True)
-    held = [torch.cat([kv.key, kv.value]) for kv in cache.self_kv]
-    return torch.stack(logits), held
+    """jfk and a LibriSpeech clip: a batched step's cache."""
+    return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
 
 
 @pytest.mark.parametrize("rows", [1, 5])
 def test_one_call_per_block_gives_the_twins_bits(tiny_model, jfk_cross, monkeypatch, rows):
-    decoder = tiny_model.decoder
-    assert all(isinstance(block.block_step, BlockStep) for block in decoder.blocks)
-    calls = []
-    call = BlockStep.__call__
-    monkeypatch.setattr(BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
-    fused = _decode(decoder, jfk_cross, rows)
-    assert len(calls) == 6 * len(decoder.blocks)  # every step of every block went through it
-    try:
-        use_block_step(decoder, on=False)
-        twin = _decode(decoder, jfk_cross, rows)
-    finally:
-        use_block_step(decoder)
-    assert len(calls) == 6 * len(decoder.blocks)
-    assert torch.equal(fused[0], twin[0])
-    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
+    assert_one_call_per_block_is_the_twin(tiny_model.decoder, jfk_cross, rows, 6, BlockStep, monkeypatch)
+
+
+def test_the_batched_modes_windows_take_it_past_16_rows(tiny_model, two_windows_cross, monkeypatch):
+    """Two windows of ten beams (20 rows, 10 a window: the batched mode's beam search) in one call per
+    block, with the twin's bits: the attention kernel's 16-row limit is per window."""
+    assert_one_call_per_block_is_the_twin(
+        tiny_model.decoder, two_windows_cross, 20, 3, BlockStep, monkeypatch
+    )
 
 
 def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypatch):
@@ -83,7 +51,7 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
         calls.clear()
         both = decoder.forward_rows([(torch.tensor([[1002]]), c) for c in caches])
     assert calls == []
-    alone, _ = _decode(decoder, jfk_cross, 1, steps=1)
+    alone, _ = decode_steps(decoder, jfk_cross, 1, steps=1)
     assert torch.equal(both[0], alone[0, 0]) and torch.equal(both[1], alone[0, 0])
 
     block = decoder.blocks[0]
@@ -93,13 +61,13 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
         use_block_step(decoder)  # weights replaced by hand: the structs are made again
         assert block.block_step.parameters(block) is None
         calls.clear()
-        float32_linear, _ = _decode(decoder, jfk_cross, 1, steps=2)
+        float32_linear, _ = decode_steps(decoder, jfk_cross, 1, steps=2)
         assert len(calls) == 2 * (len(decoder.blocks) - 1)  # the other blocks still take it
     finally:
         block.mlp[0].weight = half
         use_block_step(decoder)
     assert block.block_step.parameters(block) is not None
-    assert torch.equal(float32_linear, _decode(decoder, jfk_cross, 1, steps=2)[0])
+    assert torch.equal(float32_linear, decode_steps(decoder, jfk_cross, 1, steps=2)[0])
 
 
 def test_a_full_self_kv_is_refused_not_overrun(tiny_model, jfk_cross):
@@ -138,24 +106,3 @@ def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
     assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == [
         s["tokens"] for s in int8.transcribe(clip)["segments"]
     ]
-
-
-def test_the_batched_modes_windows_take_it_past_16_rows(tiny_model, two_windows_cross, monkeypatch):
-    """Two windows of ten beams (20 rows, 10 a window: the batched mode's beam search) in one call per
-    block, with the twin's bits: the attention kernel's 16-row limit is per window."""
-    decoder = tiny_model.decoder
-    calls = []
-    call = BlockStep.__call__
-    monkeypatch.setattr(BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
-    fused = _decode(decoder, two_windows_cross, 20, steps=3)
-    assert len(calls) == 3 * len(decoder.blocks)
-    steps = [block.block_step for block in decoder.blocks]
-    try:
-        for block in decoder.blocks:
-            block.block_step = None
-        twin = _decode(decoder, two_windows_cross, 20, steps=3)
-    finally:
-        for block, step in zip(decoder.blocks, steps, strict=True):
-            block.block_step = step
-    assert torch.equal(fused[0], twin[0])
-    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))

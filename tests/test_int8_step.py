@@ -11,13 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import whisperkv
-from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from tests.block_step_twins import PROMPT, assert_one_call_per_block_is_the_twin, cross_kv_of, decode_steps
 from whisperkv.metrics import normalize_text
 from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
 from whisperkv.model.int8_step import Int8BlockStep, Int8StepRows, use_int8_step
-
-PROMPT = [50257, 50362, 440]
 
 
 @pytest.fixture(scope="module")
@@ -29,62 +26,26 @@ def int8_step_model(int8_model):
 
 @pytest.fixture(scope="module")
 def jfk_cross(int8_step_model, speech_dir):
-    model = int8_step_model
-    mel = pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / "en" / "jfk.flac")), N_FRAMES)
-    with torch.no_grad():
-        return model.decoder.project_cross_kv(
-            model.embed_audio(mel[None]), model.encoder_provenance(mel[None])
-        )
+    return cross_kv_of(int8_step_model, speech_dir, ["en/jfk.flac"])
 
 
 @pytest.fixture(scope="module")
 def two_windows_cross(int8_step_model, speech_dir):
-    """The Cross-KV of two windows (jfk and a LibriSpeech clip): a batched step's cache."""
-    model = int8_step_model
-    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac"]
-    mel = torch.stack(
-        [pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / c)), N_FRAMES) for c in clips]
-    )
-    with torch.no_grad():
-        return model.decoder.project_cross_kv(model.embed_audio(mel), model.encoder_provenance(mel))
-
-
-def _decode(decoder, cross, rows: int, steps: int = 6):
-    """Logits of ``steps`` steps (each row taking its best token) and the Self-KVs' keys and values."""
-    cache = decoder.new_cache(cross, batch_size=rows)
-    with torch.no_grad():
-        decoder(torch.tensor([PROMPT] * rows), cache)
-        tokens = torch.tensor([[1002 + i] for i in range(rows)])
-        logits = []
-        for _ in range(steps):
-            out = decoder.forward_rows([(tokens, cache)])
-            logits.append(out)
-            tokens = out.argmax(-1, keepdim=True)
-    held = [torch.cat([kv.key, kv.value]) for kv in cache.self_kv]
-    return torch.stack(logits), held
+    """jfk and a LibriSpeech clip: a batched step's cache."""
+    return cross_kv_of(int8_step_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-def test_one_call_per_block_gives_the_twins_bits(int8_step_model, jfk_cross, monkeypatch, rows):
+def test_one_call_per_block_gives_the_twins_bits(int8_step_model, jfk_cross, rows, monkeypatch):
     decoder = int8_step_model.decoder
-    assert all(isinstance(block.block_step, Int8BlockStep) for block in decoder.blocks)
     assert decoder.new_cache(jfk_cross).self_kv[0].key.dtype == torch.bfloat16
-    calls = []
-    call = Int8BlockStep.__call__
-    monkeypatch.setattr(Int8BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
-    fused = _decode(decoder, jfk_cross, rows)
-    assert len(calls) == 6 * len(decoder.blocks)  # every step of every block went through it
-    steps = [block.block_step for block in decoder.blocks]
-    try:
-        for block in decoder.blocks:
-            block.block_step = None  # the linears kernel and the attention kernel, called from Python
-        twin = _decode(decoder, jfk_cross, rows)
-    finally:
-        for block, step in zip(decoder.blocks, steps, strict=True):
-            block.block_step = step
-    assert len(calls) == 6 * len(decoder.blocks)
-    assert torch.equal(fused[0], twin[0])
-    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
+    assert_one_call_per_block_is_the_twin(decoder, jfk_cross, rows, 6, Int8BlockStep, monkeypatch)
+
+
+def test_the_batched_modes_windows_take_it_past_16_rows(int8_step_model, two_windows_cross, monkeypatch):
+    """Two windows of ten beams (20 rows): one call per block, the twin's bits."""
+    decoder = int8_step_model.decoder
+    assert_one_call_per_block_is_the_twin(decoder, two_windows_cross, 20, 3, Int8BlockStep, monkeypatch)
 
 
 def test_two_caches_in_one_step_go_call_by_call_with_the_bits_of_each_alone(
@@ -101,7 +62,7 @@ def test_two_caches_in_one_step_go_call_by_call_with_the_bits_of_each_alone(
         calls.clear()
         both = decoder.forward_rows([(torch.tensor([[1002]]), c) for c in caches])
     assert calls == []
-    alone, _ = _decode(decoder, jfk_cross, 1, steps=1)
+    alone, _ = decode_steps(decoder, jfk_cross, 1, steps=1)
     assert torch.equal(both[0], alone[0, 0]) and torch.equal(both[1], alone[0, 0])
 
 
@@ -183,24 +144,3 @@ def test_a_decoder_with_a_linear_the_kernel_cannot_take_keeps_pytorch(int8_step_
         block.mlp[0].kernel = kernel
         use_int8_step(decoder)
     assert all(isinstance(b.block_step, Int8BlockStep) for b in decoder.blocks)
-
-
-def test_the_batched_modes_windows_take_it_past_16_rows(int8_step_model, two_windows_cross, monkeypatch):
-    """Two windows of ten beams (20 rows, 10 a window: the batched mode's beam search) in one call per
-    block, with the twin's bits: the attention kernel's 16-row limit is per window."""
-    decoder = int8_step_model.decoder
-    calls = []
-    call = Int8BlockStep.__call__
-    monkeypatch.setattr(Int8BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
-    fused = _decode(decoder, two_windows_cross, 20, steps=3)
-    assert len(calls) == 3 * len(decoder.blocks)
-    steps = [block.block_step for block in decoder.blocks]
-    try:
-        for block in decoder.blocks:
-            block.block_step = None
-        twin = _decode(decoder, two_windows_cross, 20, steps=3)
-    finally:
-        for block, step in zip(decoder.blocks, steps, strict=True):
-            block.block_step = step
-    assert torch.equal(fused[0], twin[0])
-    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))

@@ -28,6 +28,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import HEAD, load_kernel
 from whisperkv.model.block_step import BlockStep
+from whisperkv.model.step_rows import call_rows
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import DecoderBlock
@@ -69,33 +70,11 @@ class Int8StepRows:
     ) -> torch.Tensor:
         """Rows ``x`` [n, in] (float32, unit stride along a row) → [n, out]: ``norm`` first when given,
         then ``layer``'s int8 product and bias, then GELU when ``gelu``, then ``+ residual`` [n, out]."""
-        n, width = x.shape
-        out = layer.out_features
-        y = torch.empty(n, out)
-        scratch = torch.empty(n, width) if norm is not None else None
-        failed = self._rows(
-            x.data_ptr(),
-            n,
-            x.stride(0),
-            norm.weight.data_ptr() if norm is not None else None,
-            norm.bias.data_ptr() if norm is not None else None,
-            norm.eps if norm is not None else 0.0,
-            scratch.data_ptr() if scratch is not None else None,
-            layer._packed.data_ptr(),
-            layer._scales.data_ptr(),
-            layer._row_sums.data_ptr(),
-            layer._bias.data_ptr() if layer._bias is not None else None,
-            out,
-            width,
-            int(gelu),
-            residual.data_ptr() if residual is not None else None,
-            residual.stride(0) if residual is not None else 0,
-            y.data_ptr(),
-            out,
+        pointers = (layer._packed, layer._scales, layer._row_sums, layer._bias)
+        pointers = tuple(t.data_ptr() if t is not None else None for t in pointers)
+        return call_rows(
+            self._rows, x, pointers, layer.out_features, norm, gelu, residual, "the int8 step kernel"
         )
-        if failed:  # ``takes`` keeps this from happening
-            raise ValueError(f"the int8 step rows kernel does not take {n} rows {width} wide (code {failed})")
-        return y
 
 
 class Int8Linear_(ctypes.Structure):  # noqa: N801 - the C struct's name, wkv_int8_linear

@@ -78,32 +78,9 @@ class StepRowsKernel:
         """Rows ``x`` [n, in] (float32, unit stride along a row) → [n, out]: ``norm`` first when given,
         then the product and ``bias``, then GELU when ``gelu``, then ``+ residual`` [n, out] when given.
         A float16 ``weight`` is widened exactly: the product has the bits of its float32 copy's."""
-        n, width = x.shape
-        out = weight.shape[0]
-        y = torch.empty(n, out)
-        scratch = torch.empty(n, width) if norm is not None else None
         rows = self._half if weight.dtype == torch.float16 else self._rows
-        failed = rows(
-            x.data_ptr(),
-            n,
-            x.stride(0),
-            norm.weight.data_ptr() if norm is not None else None,
-            norm.bias.data_ptr() if norm is not None else None,
-            norm.eps if norm is not None else 0.0,
-            scratch.data_ptr() if scratch is not None else None,
-            weight.data_ptr(),
-            bias.data_ptr() if bias is not None else None,
-            out,
-            width,
-            int(gelu),
-            residual.data_ptr() if residual is not None else None,
-            residual.stride(0) if residual is not None else 0,
-            y.data_ptr(),
-            out,
-        )
-        if failed:  # ``takes`` keeps this from happening
-            raise ValueError(f"the step rows kernel does not take a {out} x {width} matrix")
-        return y
+        pointers = (weight.data_ptr(), bias.data_ptr() if bias is not None else None)
+        return call_rows(rows, x, pointers, weight.shape[0], norm, gelu, residual, "the step rows kernel")
 
     def through(
         self,
@@ -116,6 +93,44 @@ class StepRowsKernel:
         """``layer``'s weight and bias on rows ``x`` (``__call__``): how a block's step calls its linears,
         whatever kernel holds them (the int8 type's: ``model/int8_step.py``)."""
         return self(x, layer.weight, layer.bias, norm=norm, gelu=gelu, residual=residual)
+
+
+def call_rows(
+    fn: ctypes._CFuncPtr,
+    x: torch.Tensor,
+    weights: tuple,
+    out: int,
+    norm: nn.LayerNorm | None,
+    gelu: bool,
+    residual: torch.Tensor | None,
+    what: str,
+) -> torch.Tensor:
+    """One call of a rows kernel with the layout both share (``wkv_rows_f32`` and, for the int8 type,
+    ``wkv_int8_rows_step``): rows ``x`` [n, in] and their LayerNorm, the kernel's own ``weights``
+    pointers, then the epilogue (GELU, residual) and the output [n, out]."""
+    n, width = x.shape
+    y = torch.empty(n, out)
+    scratch = torch.empty(n, width) if norm is not None else None
+    failed = fn(
+        x.data_ptr(),
+        n,
+        x.stride(0),
+        norm.weight.data_ptr() if norm is not None else None,
+        norm.bias.data_ptr() if norm is not None else None,
+        norm.eps if norm is not None else 0.0,
+        scratch.data_ptr() if scratch is not None else None,
+        *weights,
+        out,
+        width,
+        int(gelu),
+        residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0,
+        y.data_ptr(),
+        out,
+    )
+    if failed:  # the callers' ``takes`` keep this from happening
+        raise ValueError(f"{what} does not take a {out} x {width} matrix for {n} rows (code {failed})")
+    return y
 
 
 def half_copy(table: torch.Tensor) -> torch.Tensor | None:
