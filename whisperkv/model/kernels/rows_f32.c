@@ -203,14 +203,12 @@ static void layer_norm(const float *x, long in, const float *weight, const float
     for (long k = 0; k < in; k++) out[k] = (x[k] - mean) * rstd * weight[k] + bias[k];
 }
 
-/* The same LayerNorm (``in`` a multiple of LANES) and GELU, rounded as written, for the int8 step's
- * linears (int8_rows.c: wkv_int8_rows_step), which are compiled with -ffast-math. */
+/* The same LayerNorm (``in`` a multiple of LANES), rounded as written, for the int8 step's linears
+ * (int8_rows.c: wkv_int8_rows_step), which are compiled with -ffast-math. */
 void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out)
 {
     layer_norm(x, in, weight, bias, eps, out);
 }
-
-float wkv_gelu(float v) { return gelu(v); }
 
 /* y[r] = epilogue(W · norm(x[r]) + bias) for n rows: x [n, in] (row stride xs), W [out, in] row-major
  * (float32: wkv_rows_f32; float16: wkv_rows_f32_half, widened exactly).
