@@ -5,6 +5,7 @@ equal to those of its slow twin (the row GEMMs)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import shutil
 import subprocess
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from whisperkv.model.attend_kernel import SOURCES, use_attention_kernels
+from whisperkv.model.attend_kernel import SOURCES, load_kernel, use_attention_kernels
 from whisperkv.model.step_rows import StepRowsKernel, load_step_rows
 
 #: (out, in) of tiny.en's and base's decoder linears, and widths not a multiple of the 4 outputs a pass
@@ -30,7 +31,7 @@ def kernel() -> StepRowsKernel:
 
 
 @pytest.fixture(scope="module")
-def plain_c_kernel(tmp_path_factory) -> StepRowsKernel | None:
+def plain_c_library(tmp_path_factory) -> ctypes.CDLL | None:
     """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None: built once
     for the module's tests."""
     compiler = shutil.which("cc") or shutil.which("gcc")
@@ -40,7 +41,12 @@ def plain_c_kernel(tmp_path_factory) -> StepRowsKernel | None:
     built = tmp_path_factory.mktemp("plain") / "rows_plain.so"
     flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-mno-avx512f"]
     subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
-    return StepRowsKernel(ctypes.CDLL(str(built)))
+    return ctypes.CDLL(str(built))
+
+
+@pytest.fixture(scope="module")
+def plain_c_kernel(plain_c_library) -> StepRowsKernel | None:
+    return StepRowsKernel(plain_c_library) if plain_c_library is not None else None
 
 
 def _inputs(out: int, width: int, n: int, seed: int = 0):
@@ -319,3 +325,29 @@ def test_a_model_moved_after_loading_still_steps(speech_dir):
     model.to(torch.float64)
     assert not block._kernel_takes(torch.zeros(1, 1, 384, dtype=torch.float64))
     assert (prompt_logits(torch.float64) - single).abs().max() < 1e-3
+
+
+def _gelu_row(library: ctypes.CDLL, values: torch.Tensor) -> torch.Tensor:
+    fn = library.wkv_gelu_row
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_long]
+    out = values.clone()
+    fn(out.data_ptr(), out.numel())
+    return out
+
+
+def test_gelu_gives_the_same_bits_sixteen_at_a_time_and_one_at_a_time(plain_c_library):
+    """``wkv_gelu_row``: the AVX-512 path (16 at a time) and the one-value path (a row's tail, a build
+    without AVX-512) give the same bits, so no value depends on where in a row it falls; within 5e-7 of
+    the exact GELU (PyTorch's is 1e-6 off)."""
+    built = load_kernel()
+    if built is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    g = torch.Generator().manual_seed(5)
+    values = torch.cat([torch.linspace(-12, 12, 4001), torch.randn(999, generator=g)])
+    got = _gelu_row(built.library, values)
+    tails = torch.cat([_gelu_row(built.library, values[i : i + 7]) for i in range(0, values.numel(), 7)])
+    assert torch.equal(got, tails)  # 7 at a time: every value through the one-value path
+    exact = values.double() * 0.5 * (1 + torch.special.erf(values.double() / math.sqrt(2)))
+    assert (got.double() - exact).abs().max().item() < 5e-7
+    if plain_c_library is not None:
+        assert torch.equal(_gelu_row(plain_c_library, values), got)

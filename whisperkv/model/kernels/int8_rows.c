@@ -172,45 +172,7 @@ static void quantised_norms(const float *row, long in, const uint8_t *xq, float 
     *norm = (float)sqrt(n);
 }
 
-/* GELU, x/2 (1 + erf(x / sqrt 2)), of 16 values in place, with erf as PyTorch's vectorized CPU kernels
- * compute it (Abramowitz & Stegun 7.1.26: |error| < 1.5e-7) and exp(-x^2) from a degree-6 polynomial
- * after range reduction (relative error ~1e-7). Why not libm's erff, one value at a time: a beam-5
- * step's four MLPs took 0.5 ms in it, a 200-token prompt's 22 ms (scratch, round 15). */
-static void gelu16(float v[LANES])
-{
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-    const __m512 x = _mm512_loadu_ps(v), one = _mm512_set1_ps(1.f);
-    const __m512 a = _mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)M_SQRT1_2)));
-    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), a, one));
-    __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
-    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(1.421413741f));
-    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(-0.284496736f));
-    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(0.254829592f));
-    /* exp(-a^2) = 2^n e^f: n = round(-a^2 log2 e), f = -a^2 - n ln 2 in [-ln2/2, ln2/2] */
-    const __m512 z = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), a), _mm512_set1_ps(-87.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(z, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), z);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), f);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.f / 720), f, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, one);
-    p = _mm512_fmadd_ps(p, f, one);
-    const __m512 e = _mm512_scalef_ps(p, n);
-    const __m512 erf_abs = _mm512_fnmadd_ps(_mm512_mul_ps(r, t), e, one); /* 1 - r t exp(-a^2) */
-    const __m512 erf = _mm512_castsi512_ps(_mm512_xor_si512(
-        _mm512_castps_si512(erf_abs), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000))));
-    _mm512_storeu_ps(v, _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), _mm512_add_ps(one, erf)));
-#else
-    for (int i = 0; i < LANES; i++) {
-        const float a = fabsf(v[i] * (float)M_SQRT1_2), t = 1.f / (0.3275911f * a + 1.f);
-        const float r = (((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f;
-        const float erf_abs = 1.f - r * t * expf(-a * a);
-        v[i] = v[i] * 0.5f * (1.f + (v[i] < 0.f ? -erf_abs : erf_abs));
-    }
-#endif
-}
+void wkv_gelu_row(float *v, long count); /* rows_f32.c: 16 at a time, the same bits wherever a value falls */
 void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out);
 
 /* y [R, out] (rows ys floats apart) = x [R, in] (rows x_row floats apart) times the packed weights
@@ -259,7 +221,7 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
                     const float total = (float)(sums[r][lane] - zero[r0 + r] * w_sum[o]);
                     v[lane] = scale[r0 + r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
                 }
-                if (do_gelu) gelu16(v);
+                if (do_gelu) wkv_gelu_row(v, LANES);
                 for (long lane = 0; lane < lanes; lane++) {
                     const long o = b * LANES + lane;
                     y[(r0 + r) * ys + o] = residual ? residual[(r0 + r) * rs + o] + v[lane] : v[lane];
