@@ -209,7 +209,8 @@ void wkv_gelu_row(float *v, long count)
             for (int i = 0; i < NO; i++) dots[j * ds + i] = vsum(acc[i][j]);                              \
     }
 
-/* Outputs o .. o + no - 1 (no: OUTS, or 1 for the last few) of every row, with the epilogue. */
+/* Outputs o .. o + no - 1 (no: OUTS, or 1 for the last few) of every row, with bias and residual (GELU:
+ * after the product, a whole row at a time, in the entry below). */
 #define OUTPUTS(WT, LOAD)                                                                                 \
     ROWS_PASS(OUTS, 1, WT, LOAD)                                                                          \
     ROWS_PASS(OUTS, 2, WT, LOAD)                                                                          \
@@ -222,7 +223,7 @@ void wkv_gelu_row(float *v, long count)
     ROWS_PASS(1, 4, WT, LOAD)                                                                             \
     ROWS_PASS(1, 5, WT, LOAD)                                                                             \
     static void outputs_##WT(const float *rows, long stride, long n, const WT *w, long in, long o, long no, \
-                             const float *bias, int do_gelu, const float *residual, long rs, float *y, long ys) \
+                             const float *bias, const float *residual, long rs, float *y, long ys)            \
     {                                                                                                     \
         float dots[RB * OUTS];                                                                            \
         for (long r = 0; r < n; r += RB) {                                                                \
@@ -312,10 +313,10 @@ void wkv_layer_norm(const float *x, long in, const float *weight, const float *b
                 prefetch(start + byte);                                                                   \
             const float *add = do_gelu ? NULL : residual; /* with GELU: added after it, below */          \
             for (long o = first * OUTS; o < last * OUTS; o += OUTS)                                       \
-                outputs_##WT(rows, stride, n, w, in, o, OUTS, bias, 0, add, rs, y, ys);                   \
+                outputs_##WT(rows, stride, n, w, in, o, OUTS, bias, add, rs, y, ys);                      \
             if (t == threads - 1)                                                                         \
                 for (long o = blocks * OUTS; o < out; o++)                                                \
-                    outputs_##WT(rows, stride, n, w, in, o, 1, bias, 0, add, rs, y, ys);                  \
+                    outputs_##WT(rows, stride, n, w, in, o, 1, bias, add, rs, y, ys);                     \
         }                                                                                                 \
         if (do_gelu) /* each whole row at once, one thread: a value's bits never depend on the threads */ \
             for (long r = 0; r < n; r++) {                                                                \
