@@ -80,7 +80,8 @@ class DecoderBlock(nn.Module):
         The linears and the MLP run once over all N rows; attention runs per cache, each over its own
         Self-KV length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
         Through ``step_rows`` (each linear with its LayerNorm, bias, GELU and residual in one C call)
-        where the block has it; else through the row GEMMs (its slow twin).
+        where the block has it; else through the row GEMMs (float32) or PyTorch's operations between the
+        int8 kernels (int8): its slow twin.
         """
         if self._kernel_takes(x):
             return self._forward_rows_kernel(x, sizes, self_kvs, cross_kvs)
