@@ -82,6 +82,12 @@ class CrossKV:
         return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
 
 
+def reorder_moves(rows: torch.Tensor) -> list[tuple[int, int]]:
+    """(row, parent) for every row of a reorder whose parent is another row: what ``SelfKV.reorder``
+    copies when the row count stays."""
+    return [(row, parent) for row, parent in enumerate(rows.tolist()) if row != parent]
+
+
 class SelfKV:
     """Keys and values of one decoder layer's masked self-attention, one position per token.
 
@@ -171,23 +177,25 @@ class SelfKV:
     def value(self) -> torch.Tensor:
         return self._value[:, :, : self.length]
 
-    def reorder(self, rows: torch.Tensor) -> None:
+    def reorder(self, rows: torch.Tensor, moves: list[tuple[int, int]] | None = None) -> None:
         """Make row i hold what row ``rows[i]`` held: beams follow their surviving parents.
 
         Only the positions held are moved. With as many rows as before (a beam step) the rows whose
         parent changed are rewritten in place, from a copy of their parents' rows: most beams keep
         their own prefix, and a fresh 448-position buffer every step (as before) cost as much time,
-        in page faults, as all the step's matrix products. Another row count (the prompt copied to
-        every beam, finished windows dropped) takes a fresh buffer.
+        in page faults, as all the step's matrix products. Row by row (``moves``: (row, parent) for
+        each changed row, ``reorder_moves``; a cache computes them once for its layers): indexing with
+        the changed rows' tensor took 0.62 ms a beam-5 step for tiny.en's four layers, row by row 0.29
+        (scratch, round 15). Another row count (the prompt copied to every beam, finished windows
+        dropped) takes a fresh buffer.
         """
         n = self.length
         if rows.shape[0] == self._key.shape[0]:
-            changed = (rows != torch.arange(rows.shape[0], device=rows.device)).nonzero().flatten()
-            if changed.numel() == 0:
-                return  # every row keeps its own prefix
-            parents = rows.index_select(0, changed)
+            moves = reorder_moves(rows) if moves is None else moves
             for buffer in (self._key, self._value):
-                buffer[changed, :, :n] = buffer[parents, :, :n]  # the right side is copied first
+                parents = [buffer[parent, :, :n].clone() for _, parent in moves]  # all read before any write
+                for (row, _), held in zip(moves, parents, strict=True):
+                    buffer[row, :, :n].copy_(held)
             return
         for name in ("_key", "_value"):
             old = getattr(self, name)
@@ -254,8 +262,9 @@ class DecoderCache:
         self.tokens = self.tokens[:, :length]
 
     def reorder(self, rows: torch.Tensor) -> None:
+        moves = reorder_moves(rows)  # once for every layer (used where the row count stays)
         for kv in self.self_kv:
-            kv.reorder(rows)
+            kv.reorder(rows, moves)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))
 
     def keep_rows(self, rows: torch.Tensor, windows: torch.Tensor | None = None) -> None:
