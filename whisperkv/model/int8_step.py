@@ -28,7 +28,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import HEAD, load_kernel
 from whisperkv.model.block_step import BlockStep
-from whisperkv.model.step_rows import call_rows
+from whisperkv.model.step_rows import call_rows, rows_argtypes
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import DecoderBlock
@@ -44,8 +44,7 @@ class Int8StepRows:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._rows = library.wkv_int8_rows_step
         self._rows.restype = ctypes.c_int
-        self._rows.argtypes = [_POINTER, _LONG, _LONG, _POINTER, _POINTER, _FLOAT] + [_POINTER] * 5
-        self._rows.argtypes += [_LONG, _LONG, ctypes.c_int, _POINTER, _LONG, _POINTER, _LONG]
+        self._rows.argtypes = rows_argtypes(weights=4)  # packed weights, scales, row sums, bias
 
     def __deepcopy__(self, memo: dict) -> Int8StepRows:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)

@@ -42,9 +42,7 @@ class StepRowsKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._rows = library.wkv_rows_f32
         self._rows.restype = ctypes.c_int
-        pointer, long = ctypes.c_void_p, ctypes.c_long
-        self._rows.argtypes = [pointer, long, long, pointer, pointer, ctypes.c_float, pointer, pointer]
-        self._rows.argtypes += [pointer, long, long, ctypes.c_int, pointer, long, pointer, long]
+        self._rows.argtypes = rows_argtypes(weights=2)  # the weight and its bias
         #: the same for float16 weights, widened exactly in the kernel (``half_copy``)
         self._half = library.wkv_rows_f32_half
         self._half.restype, self._half.argtypes = ctypes.c_int, self._rows.argtypes
@@ -93,6 +91,15 @@ class StepRowsKernel:
         """``layer``'s weight and bias on rows ``x`` (``__call__``): how a block's step calls its linears,
         whatever kernel holds them (the int8 type's: ``model/int8_step.py``)."""
         return self(x, layer.weight, layer.bias, norm=norm, gelu=gelu, residual=residual)
+
+
+def rows_argtypes(weights: int) -> list:
+    """The ctypes argument types of a rows kernel with ``weights`` pointers of its own: the layout
+    ``call_rows`` passes (rows, their LayerNorm, scratch; the weights; widths, GELU, residual, output)."""
+    pointer, long = ctypes.c_void_p, ctypes.c_long
+    rows = [pointer, long, long, pointer, pointer, ctypes.c_float, pointer]
+    epilogue = [long, long, ctypes.c_int, pointer, long, pointer, long]
+    return rows + [pointer] * weights + epilogue
 
 
 def call_rows(
