@@ -70,6 +70,49 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
     assert torch.equal(float32_linear, decode_steps(decoder, jfk_cross, 1, steps=2)[0])
 
 
+def _checked_guesses(decoder, cross, guesses: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A speculative check: the prompt, then two steps of ``guesses + 1`` consecutive positions of one
+    one-row cache (``decoding/speculative.py``); the logits and the Self-KV held."""
+    cache = decoder.new_cache(cross, batch_size=1)
+    logits = []
+    with torch.no_grad():
+        decoder(torch.tensor([PROMPT]), cache)
+        for first in (1002, 2010):
+            groups = [(torch.tensor([[first + j]]), cache) for j in range(guesses + 1)]
+            logits.append(decoder.forward_rows(groups))
+    return torch.stack(logits), [torch.cat([kv.key, kv.value]) for kv in cache.self_kv]
+
+
+@pytest.mark.parametrize("guesses", [1, 3])
+def test_a_speculative_check_in_one_call_per_block_gives_the_twins_bits(
+    tiny_model, jfk_cross, monkeypatch, guesses
+):
+    """k + 1 positions of one cache in one step (the float32 rows that check the int8 draft's guesses):
+    one C call per block (``wkv_block_step_chain``), the same logits and Self-KV as the twin, bit for
+    bit, and every row as a lone step of its prefix computes it (the check's exactness rests on that)."""
+    decoder = tiny_model.decoder
+    calls = []
+    call = BlockStep.__call__
+    monkeypatch.setattr(BlockStep, "__call__", lambda self, *a, **k: calls.append(k) or call(self, *a, **k))
+    fused = _checked_guesses(decoder, jfk_cross, guesses)
+    assert calls == [{"chain": True}] * (2 * len(decoder.blocks))
+    kept = [block.block_step for block in decoder.blocks]
+    try:
+        for block in decoder.blocks:
+            block.block_step = None
+        twin = _checked_guesses(decoder, jfk_cross, guesses)
+    finally:
+        for block, step in zip(decoder.blocks, kept, strict=True):
+            block.block_step = step
+    assert torch.equal(fused[0], twin[0])
+    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
+    lone = decoder.new_cache(jfk_cross, batch_size=1)  # the first check's rows, one lone step each
+    with torch.no_grad():
+        decoder(torch.tensor([PROMPT]), lone)
+        for j in range(guesses + 1):
+            assert torch.equal(decoder.forward_rows([(torch.tensor([[1002 + j]]), lone)])[0], fused[0][0, j])
+
+
 def test_a_full_self_kv_is_refused_not_overrun(tiny_model, jfk_cross):
     block = tiny_model.decoder.blocks[0]
     self_kv = tiny_model.decoder.new_cache(jfk_cross).self_kv[0]

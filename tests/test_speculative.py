@@ -77,6 +77,34 @@ def test_guesses_checked_k_at_a_time_give_the_plain_transcript_bit_for_bit(
         draft_model.decoder.draft.per_step = 1
 
 
+def test_the_check_and_the_guesses_each_take_one_c_call_per_block(draft_model, plain_clips, monkeypatch):
+    """The float32 check of k + 1 positions goes through the block step's chain call, the draft's
+    one-token guesses through the int8 block step over its bfloat16 copy of the Cross-KV; the
+    transcript stays the plain loop's, and the draft (numbers of its own in C) is still mostly right."""
+    from whisperkv.model.block_step import BlockStep
+    from whisperkv.model.draft import DraftBlockStep
+
+    calls: list[tuple[str, bool]] = []
+    call = BlockStep.__call__
+
+    def counted(self, *args, chain=False):  # noqa: ANN001, ANN202
+        calls.append((type(self).__name__, chain))
+        return call(self, *args, chain=chain)
+
+    monkeypatch.setattr(BlockStep, "__call__", counted)
+    draft = draft_model.decoder.draft
+    assert isinstance(draft.step, DraftBlockStep)
+    draft.per_step = 2
+    try:
+        clip = CLIPS[0]
+        fast, stats = _run(draft_model, _audio(clip), temperature=0.0)
+    finally:
+        draft.per_step = 1
+    assert _scores(fast) == _scores(plain_clips[clip])
+    assert ("BlockStep", True) in calls and ("DraftBlockStep", False) in calls
+    assert stats["draft_accepted"] >= 0.9 * stats["draft_guesses"] > 0
+
+
 def test_long_form_with_prompts_and_timestamps_is_the_plain_loop(draft_model):
     audio = _audio(LONG, seconds=40)  # two windows: the second one prompted with the first one's text
     options = {"temperature": 0.0, "condition_on_previous_text": True}

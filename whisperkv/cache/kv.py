@@ -63,6 +63,13 @@ class CrossKV:
                 key, value = (t.to(dtype) for t in attention.project_kv(audio_features))
         return cls(key, value, provenance)
 
+    def to(self, dtype: torch.dtype) -> CrossKV:
+        """The same projections held in ``dtype`` (a cheaper reader's copy: the speculative draft's),
+        with the same provenance: the keys and values of the same encoder output, rounded."""
+        if self.key.dtype == dtype:
+            return self
+        return CrossKV(self.key.to(dtype), self.value.to(dtype), self.provenance)
+
     def rows(self, index: torch.Tensor) -> CrossKV:
         """The same projections for only the audio rows in ``index`` (a batch minus its finished rows)."""
         return CrossKV(self.key.index_select(0, index), self.value.index_select(0, index), self.provenance)

@@ -15,14 +15,18 @@ guesses 1..j are the tokens the rows before it choose. So the window takes row 0
 while guess j was the token just taken, each through its filters and search in order (the same
 log-probabilities, added in the same order); the positions of guesses not taken are dropped from the
 Self-KV. Tokens, scores and caches are the plain loop's, bit for bit; only the number of float32 steps
-changes. (A 2-query attention call would read the Cross-KV once, but its rows' bits differ from a
-1-query call's; it is not used.)
+changes. Through the float32 block step (``wkv_block_step_chain``, round 16) the k + 1 rows of a check
+are one C call per block, and their cross-attention one call over the Cross-KV (each query's numbers
+its own in that kernel: tested against lone steps, bit for bit); a 3-row check 9.4 → 4.5 ms (scratch).
 
 Measured here (``benchmarks/speculative.py``, RESULTS round 5): the draft is right on 92–98 % of its
 guesses, so float32 steps halve (k = 1) or fall to a third (k = 2) — but a guess costs 4.1 ms (5.2 ms in
 the engine, with its filters: the draft's ~100 small ops are as dispatch-bound, and its reads of the
 Cross-KV and int8 table as cold, as the float32 step's), and a checked row ~0.7 ms plus its token
-choice. Whole runs took 0.98–1.03 of the plain loop's time on tiny.en, 0.92–0.99 on base. Off by default.
+choice. Whole runs took 0.98–1.03 of the plain loop's time on tiny.en, 0.92–0.99 on base. Round 16
+(both halves in C): a guess still costs about a float32 step in a transcription (its 37 MB read cold
+each time), so whole runs take 1.09–1.23 of the plain loop's time (the plain loop got faster since
+round 5, by more). Off by default.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ number is the call-by-call path's, bit for bit (the tests hold the two to ``torc
 between them goes. It applies where the call-by-call path would run the kernels throughout: one
 cache's rows (a lone window: greedy, or its beams; or the batched mode's windows, up to 16 rows a
 window: since round 15), one new position each, the six linears held in
-float16 (``step_rows.half_copy``: both bundled models), float32 caches. Anything else (a server's step
-over several requests' caches, a prompt) keeps the call-by-call path, its twin.
+float16 (``step_rows.half_copy``: both bundled models), float32 caches. A speculative check (k + 1
+consecutive positions of one one-row cache, ``decoding/speculative.py``) takes ``wkv_block_step_chain``:
+the same calls, each row's self-attention over its own prefix. Anything else (a server's step over
+several requests' caches, a prompt) keeps the call-by-call path, its twin.
 """
 
 from __future__ import annotations
@@ -62,14 +64,19 @@ class BlockStep:
 
     #: the C function: (struct, rows, Self-KV and its strides, Cross-KV and its strides, work, scale)
     FUNCTION = "wkv_block_step"
+    #: the same for rows that are consecutive positions of one cache row (a speculative check), or None
+    CHAIN: str | None = "wkv_block_step_chain"
     #: the dtype of the caches it reads and writes
     CACHES = torch.float32
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        argtypes = [_POINTER, _POINTER, _LONG, _POINTER, _POINTER]
+        argtypes += [_LONG] * 4 + [_POINTER, _POINTER] + [_LONG] * 5 + [_POINTER, _FLOAT]
         self._step = getattr(library, self.FUNCTION)
-        self._step.restype = ctypes.c_int
-        self._step.argtypes = [_POINTER, _POINTER, _LONG, _POINTER, _POINTER]
-        self._step.argtypes += [_LONG] * 4 + [_POINTER, _POINTER] + [_LONG] * 5 + [_POINTER, _FLOAT]
+        self._chain = getattr(library, self.CHAIN) if self.CHAIN else None
+        for function in (self._step, self._chain):
+            if function is not None:
+                function.restype, function.argtypes = ctypes.c_int, argtypes
         #: per block (by id): a weak reference to it, its struct (None: not the kernel's), and the tensors
         #: the struct points into, held so that no pointer outlives its memory. Made on a block's first
         #: step (27 µs: too slow to check every step); ``DecoderBlock._apply`` (``.to()``, ``.float()``)
@@ -131,17 +138,40 @@ class BlockStep:
             and cross_key.stride(-1) == 1
         )
 
+    def takes_chain(
+        self,
+        block: DecoderBlock,
+        x: torch.Tensor,
+        sizes: list[int],
+        self_kvs: list[SelfKV],
+        cross_kvs: list[CrossKV],
+    ) -> bool:
+        """Whether ``x`` [n, 1, d] is a speculative check this call computes as the call-by-call path:
+        n groups of one row, every one of the same one-row cache (consecutive positions)."""
+        n = x.shape[0]
+        if self._chain is None or not 2 <= n <= MAX_ROWS or len(sizes) != n or any(s != 1 for s in sizes):
+            return False
+        self_kv, cross_kv = self_kvs[0], cross_kvs[0]
+        if any(kv is not self_kv for kv in self_kvs) or any(kv is not cross_kv for kv in cross_kvs):
+            return False
+        if self_kv.length + n > self_kv.capacity or cross_kv.key.shape[0] != 1:
+            return False
+        one = x[:1]  # its first row as a lone step: every other condition is that step's
+        return self_kv.buffers[0].shape[0] == 1 and self.takes(block, one, [1], self_kv, cross_kv)
+
     def __call__(
-        self, block: DecoderBlock, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV
+        self, block: DecoderBlock, x: torch.Tensor, self_kv: SelfKV, cross_kv: CrossKV, chain: bool = False
     ) -> torch.Tensor:
-        """The block's output [n, 1, d] for rows ``x`` (call ``takes`` first); the Self-KV grows by one."""
+        """The block's output [n, 1, d] for rows ``x`` (call ``takes`` first); the Self-KV grows by one.
+        ``chain`` (call ``takes_chain`` first): the rows are n consecutive positions of a one-row cache,
+        which grows by n."""
         parameters = self.parameters(block)
         n, _, d = x.shape
         out = x.reshape(n, d).clone()  # written in place by the kernel; the caller's rows stay as they were
         work = torch.empty(n * (6 * d + parameters.hidden))
         key, value = self_kv.buffers
         cross_key, cross_value = cross_kv.key, cross_kv.value
-        failed = self._step(
+        failed = (self._chain if chain else self._step)(
             ctypes.byref(parameters),
             out.data_ptr(),
             n,
@@ -159,7 +189,7 @@ class BlockStep:
         )
         if failed:  # ``takes`` keeps this from happening
             raise ValueError(f"the block step kernel does not take {tuple(x.shape)}")
-        self_kv.grow(1)
+        self_kv.grow(n if chain else 1)
         return out.view(n, 1, d)
 
 

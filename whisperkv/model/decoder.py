@@ -102,8 +102,11 @@ class DecoderBlock(nn.Module):
     ) -> torch.Tensor:
         """``forward_rows`` (or ``forward``: ``x`` [B, T, d], one cache) with six C calls for the
         linears (``model/step_rows.py``), each over all B x T positions as rows."""
-        if self.block_step is not None and self.block_step.takes(self, x, sizes, self_kvs[0], cross_kvs[0]):
-            return self.block_step(self, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
+        step = self.block_step
+        if step is not None and step.takes(self, x, sizes, self_kvs[0], cross_kvs[0]):
+            return step(self, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
+        if step is not None and step.takes_chain(self, x, sizes, self_kvs, cross_kvs):
+            return step(self, x, self_kvs[0], cross_kvs[0], chain=True)  # a speculative check, from C
         rows, (b, t, d) = self.step_rows, x.shape
         x = x.reshape(b * t, d)
         qkv = rows.through(x, self.attn.qkv, norm=self.attn_ln).view(b, t, 3 * d)

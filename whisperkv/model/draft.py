@@ -7,18 +7,22 @@ and each right guess saves a whole float32 step. The guess has to be cheap and u
 draft runs the same decoder with int8 weights (``model/quantize.py``'s ``Int8Linear``, per-row scales)
 and agrees with it on 92–98 % of tokens. It is not cheap enough here: 4.1 ms a guess against 6.6 ms for
 a float32 step (caches flushed), so whole runs gain little (RESULTS, round 5; with the int8 type's rows
-kernel, 0.91–0.98 of the plain loop's time, round 7).
+kernel, 0.91–0.98 of the plain loop's time, round 7). Round 16 put a guess's blocks in C (the int8
+type's block step, ``DraftBlockStep``, over a bfloat16 copy of the window's Cross-KV): 4.3 → 2.0 ms a
+guess with its weights in cache, 3.5 ms with them evicted (as the float32 check evicts them), still
+about a float32 step's cost in a transcription, so still slower than the plain loop (RESULTS, round 16).
 
 The draft never decides a token: ``decoding/speculative.py`` keeps only what the float32 rows choose.
 
-What it shares and what it owns: the float32 decoder's token and position embeddings, its LayerNorms
-and every window's Cross-KV (projected once by the float32 layers; the draft reads it, never copies
-it); it owns int8 copies of the blocks' other linears and of the vocabulary table (tiny.en: 8 + 20 MB)
-and, per window, its own Self-KV.
+What it shares and what it owns: the float32 decoder's token and position embeddings and its
+LayerNorms; it owns int8 copies of the blocks' other linears and of the vocabulary table (tiny.en: 8 +
+20 MB) and, per window, its own bfloat16 Self-KV and a bfloat16 copy of the window's Cross-KV (projected
+once by the float32 layers, same provenance; tiny.en: 9 MB).
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +33,7 @@ from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel
 from whisperkv.model.attention import attend_through, heads
 from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
+from whisperkv.model.int8_step import Int8BlockStep, int8_block_parameters
 from whisperkv.model.quantize import Int8Linear
 
 if TYPE_CHECKING:
@@ -74,6 +79,32 @@ class _DraftBlock:
         return x + self.down(block.mlp[1](self.up(block.mlp_ln(x))))
 
 
+#: tokens a guess reads one at a time through the C step (more: the blocks' Python, once)
+FEW = 8
+
+
+class DraftBlockStep(Int8BlockStep):
+    """A draft block's one-token step in one C call: the int8 type's block step (bfloat16 caches) with
+    the draft's int8 linears and the float32 block's LayerNorms. Why: the draft's Python (about 100
+    small operations a guess) cost more than the float32 step it saves (4.3 against 3.5 ms, scratch,
+    round 16)."""
+
+    def __reduce__(self) -> tuple:
+        return (load_draft_block_step, ())
+
+    def _make(self, block: _DraftBlock) -> tuple[ctypes.Structure | None, list[torch.Tensor]]:  # type: ignore[override]
+        source = block.source
+        norms = [source.attn_ln, source.cross_attn_ln, source.mlp_ln]
+        layers = [block.qkv, block.out, block.cross_query, block.cross_out, block.up, block.down]
+        return int8_block_parameters(norms, layers, source.attn.n_head)
+
+
+def load_draft_block_step() -> DraftBlockStep | None:
+    """The draft's block step, from the library ``load_kernel`` builds; None where it cannot be built."""
+    built = load_kernel()
+    return DraftBlockStep(built.library) if built is not None else None
+
+
 class DraftDecoder:
     """The int8 draft of one float32 ``TextDecoder`` (a plain object: its tensors are not parameters,
     so the float32 model's state dict and weights digest do not change)."""
@@ -86,6 +117,8 @@ class DraftDecoder:
             kernel, rows = load_kernel(), load_rows_kernel()  # the int8 type's own kernels, where built
             self.blocks = [_DraftBlock.of(block, kernel, rows) for block in decoder.blocks]
             self.vocabulary = Int8Linear(decoder.token_embedding.weight, None, rows)
+        #: one C call per block for a one-token guess (None: the blocks' Python, as for a prompt)
+        self.step = load_draft_block_step() if kernel is not None and rows is not None else None
 
     @property
     def nbytes(self) -> int:
@@ -98,17 +131,36 @@ class DraftDecoder:
         return sum(linear.nbytes for linear in linears) + self.vocabulary.nbytes
 
     def new_cache(self, cross_kv: list[CrossKV]) -> DecoderCache:
-        """An empty one-row Self-KV per layer beside the float32 window's own Cross-KV (shared)."""
-        return self.decoder.new_cache(cross_kv, batch_size=1)
+        """An empty one-row bfloat16 Self-KV per layer beside a bfloat16 copy of the float32 window's
+        Cross-KV (the same provenance). Why a copy: a guess read the float32 Cross-KV (18 of its 46 MB
+        for tiny.en); the copy halves that, made once per window (9 MB for tiny.en)."""
+        return self.decoder.new_cache([kv.to(torch.bfloat16) for kv in cross_kv], batch_size=1)
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """The draft's logits [vocab] after ``tokens`` [1, T], appended to its Self-KV."""
+        """The draft's logits [vocab] after ``tokens`` [1, T], appended to its Self-KV.
+
+        A few tokens (what a step chose after the guesses it took) go one position at a time through
+        the C block step; a prompt goes through the blocks' Python at once."""
         x = self.decoder._embed(tokens, cache.offset)
-        for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv, strict=True):
-            x = block(x, self_kv, cross_kv)
+        if self.step is not None and tokens.shape[1] <= FEW:
+            x = torch.cat([self._through_c(x[:, i : i + 1], cache) for i in range(tokens.shape[1])], dim=1)
+        else:
+            for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv, strict=True):
+                x = block(x, self_kv, cross_kv)
         cache.record_tokens(tokens)
         return self.vocabulary(self.decoder.ln(x[:, -1:]))[0, 0].float()
+
+    def _through_c(self, x: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """One position [1, 1, d] through every block: one C call each where the step takes it."""
+        step = self.step
+        assert step is not None
+        for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv, strict=True):
+            if step.takes(block, x, [1], self_kv, cross_kv):  # type: ignore[arg-type]
+                x = step(block, x, self_kv, cross_kv)  # type: ignore[arg-type]
+            else:
+                x = block(x, self_kv, cross_kv)
+        return x
 
 
 def can_draft(decoder: nn.Module) -> bool:

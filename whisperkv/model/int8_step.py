@@ -98,6 +98,7 @@ class Int8BlockStep(BlockStep):
     """``DecoderBlock``'s int8 step through ``wkv_int8_block_step``: bfloat16 caches."""
 
     FUNCTION = "wkv_int8_block_step"
+    CHAIN = None  # the int8 type does not check guesses
     CACHES = torch.bfloat16
 
     def __reduce__(self) -> tuple:
@@ -107,28 +108,37 @@ class Int8BlockStep(BlockStep):
         attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
         norms = [block.attn_ln, block.cross_attn_ln, block.mlp_ln]
         layers = [attn.qkv, attn.out, cross.query, cross.out, up, down]
-        d = attn.n_head * HEAD
-        if not all(Int8StepRows.takes(layer) for layer in layers) or attn.out.in_features != d:
-            return None, []
-        tensors = [t for norm in norms for t in (norm.weight, norm.bias)]
-        if not all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == d for t in tensors):
-            return None, []
-        linears = []
-        for layer in layers:
-            held = [layer._packed, layer._scales, layer._row_sums]
-            held += [layer._bias] if layer._bias is not None else []
-            tensors += held
-            pointers = [t.data_ptr() for t in held[:3]] + [held[3].data_ptr() if len(held) == 4 else None]
-            linears.append(Int8Linear_(*pointers))
-        made = Int8BlockParameters(
-            *[t.data_ptr() for t in tensors[:6]],
-            *[norm.eps for norm in norms],
-            *linears,
-            d,
-            up.out_features,
-            attn.n_head,
-        )
-        return made, tensors
+        return int8_block_parameters(norms, layers, attn.n_head)
+
+
+def int8_block_parameters(
+    norms: list[nn.LayerNorm], layers: list[Int8Linear], n_head: int
+) -> tuple[Int8BlockParameters | None, list[torch.Tensor]]:
+    """The struct for a block's three LayerNorms and six int8 linears (query|key|value, out, cross
+    query, cross out, up, down), and the tensors it points into; (None, []) where a part is not the
+    kernel's (a linear not held for the rows kernel, a shape or dtype it does not take)."""
+    d = n_head * HEAD
+    if not all(Int8StepRows.takes(layer) for layer in layers) or layers[1].in_features != d:
+        return None, []
+    tensors = [t for norm in norms for t in (norm.weight, norm.bias)]
+    if not all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == d for t in tensors):
+        return None, []
+    linears = []
+    for layer in layers:
+        held = [layer._packed, layer._scales, layer._row_sums]
+        held += [layer._bias] if layer._bias is not None else []
+        tensors += held
+        pointers = [t.data_ptr() for t in held[:3]] + [held[3].data_ptr() if len(held) == 4 else None]
+        linears.append(Int8Linear_(*pointers))
+    made = Int8BlockParameters(
+        *[t.data_ptr() for t in tensors[:6]],
+        *[norm.eps for norm in norms],
+        *linears,
+        d,
+        layers[4].out_features,
+        n_head,
+    )
+    return made, tensors
 
 
 def load_int8_step_rows() -> Int8StepRows | None:

@@ -4,8 +4,9 @@
  * step) plus the Python around them (allocating outputs, taking views, writing the new keys and values
  * into the Self-KV). Here one call per block makes the same calls, in the same order, on the same
  * inputs: every number is the one the call-by-call path gives (it is the same code), and the Python
- * between them is gone. model/step_rows.py (BlockStep) decides when it applies: one cache's rows, one
- * new position each, float16-held weights (both bundled models), float32 caches.
+ * between them is gone. model/block_step.py (BlockStep) decides when it applies: one cache's rows, one
+ * new position each (or, chained, consecutive positions of one cache row: a speculative check),
+ * float16-held weights (both bundled models), float32 caches.
  * Built by model/attend_kernel.py with the other kernels. */
 #include <stdint.h>
 #include <string.h>
@@ -31,10 +32,15 @@ struct wkv_block {
  * self_k/self_v: the Self-KV [n, H, capacity, 64] (strides sb, sh, st in elements); its first `length`
  * positions are held, the new position is written at `length` (the caller counts it).
  * cross_k/cross_v: the window's Cross-KV [cb_rows, H, T, 64] (strides cb, ch, ct), n a multiple of cb_rows.
+ * chain: the n rows are consecutive positions of ONE cache row (a speculative check, decoding/
+ * speculative.py): row r's key and value go to position length + r of row 0, and row r attends over the
+ * first length + r + 1 positions in a call of its own (a lone step's call); the Cross-KV is read once for
+ * all n queries (each query row's numbers do not depend on the others in wkv_attend: tested against n
+ * lone steps, bit for bit). Else row r is cache row r's next position.
  * work: n * (6 d + hidden) floats. Returns 0, or the failing call's code (1): the caller checks shapes. */
-int wkv_block_step(const struct wkv_block *p, float *x, long n, float *self_k, float *self_v, long length,
-                   long sb, long sh, long st, const float *cross_k, const float *cross_v, long cb_rows, long T,
-                   long cb, long ch, long ct, float *work, float scale)
+static int block_step(const struct wkv_block *p, float *x, long n, float *self_k, float *self_v, long length,
+                      long sb, long sh, long st, const float *cross_k, const float *cross_v, long cb_rows, long T,
+                      long cb, long ch, long ct, float *work, float scale, int chain)
 {
     const long d = p->d, H = p->heads, head = d / H;
     float *qkv = work, *attended = qkv + n * 3 * d, *query = attended + n * d, *normed = query + n * d;
@@ -45,10 +51,17 @@ int wkv_block_step(const struct wkv_block *p, float *x, long n, float *self_k, f
     for (long r = 0; r < n; r++) /* the new keys and values, head by head, into the Self-KV */
         for (long h = 0; h < H; h++) {
             const float *row = qkv + r * 3 * d + h * head;
-            memcpy(self_k + r * sb + h * sh + length * st, row + d, sizeof(float) * head);
-            memcpy(self_v + r * sb + h * sh + length * st, row + 2 * d, sizeof(float) * head);
+            const long at = chain ? length + r : length, b = chain ? 0 : r;
+            memcpy(self_k + b * sb + h * sh + at * st, row + d, sizeof(float) * head);
+            memcpy(self_v + b * sb + h * sh + at * st, row + 2 * d, sizeof(float) * head);
         }
-    failed = wkv_attend(qkv, 3 * d, self_k, self_v, attended, n, 1, H, length + 1, sb, sh, st, sb, sh, st, scale);
+    if (chain)
+        for (long r = 0; r < n && !failed; r++)
+            failed = wkv_attend(qkv + r * 3 * d, 3 * d, self_k, self_v, attended + r * d, 1, 1, H, length + r + 1, sb,
+                                sh, st, sb, sh, st, scale);
+    else
+        failed = wkv_attend(qkv, 3 * d, self_k, self_v, attended, n, 1, H, length + 1, sb, sh, st, sb, sh, st,
+                            scale);
     failed = failed || wkv_rows_f32_half(attended, n, d, NULL, NULL, 0.f, NULL, p->out_w, p->out_b, d, d, 0, x, d,
                                          x, d);
     failed = failed || wkv_rows_f32_half(x, n, d, p->cross_ln_w, p->cross_ln_b, p->cross_ln_eps, normed,
@@ -62,4 +75,20 @@ int wkv_block_step(const struct wkv_block *p, float *x, long n, float *self_k, f
     failed = failed || wkv_rows_f32_half(hidden, n, p->hidden, NULL, NULL, 0.f, NULL, p->down_w, p->down_b, d,
                                          p->hidden, 0, x, d, x, d);
     return failed;
+}
+
+int wkv_block_step(const struct wkv_block *p, float *x, long n, float *self_k, float *self_v, long length,
+                   long sb, long sh, long st, const float *cross_k, const float *cross_v, long cb_rows, long T,
+                   long cb, long ch, long ct, float *work, float scale)
+{
+    return block_step(p, x, n, self_k, self_v, length, sb, sh, st, cross_k, cross_v, cb_rows, T, cb, ch, ct, work,
+                      scale, 0);
+}
+
+int wkv_block_step_chain(const struct wkv_block *p, float *x, long n, float *self_k, float *self_v, long length,
+                         long sb, long sh, long st, const float *cross_k, const float *cross_v, long cb_rows,
+                         long T, long cb, long ch, long ct, float *work, float scale)
+{
+    return block_step(p, x, n, self_k, self_v, length, sb, sh, st, cross_k, cross_v, cb_rows, T, cb, ch, ct, work,
+                      scale, 1);
 }
