@@ -62,8 +62,10 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     print(describe(args.threads))
     audios, refs = build_audio(min_utterance_seconds=120)
-    print(f"\nmodel {args.model}; utterances {len(audios['utterances']) / 16000:.1f} s, long "
-          f"{len(audios['long']) / 16000:.1f} s")
+    print(
+        f"\nmodel {args.model}; utterances {len(audios['utterances']) / 16000:.1f} s, long "
+        f"{len(audios['long']) / 16000:.1f} s"
+    )
     print(f"\n{'variant':<16} {'audio':<11} {'mode':<7} {'errors/words':>13} {'seconds':>8}")
     for variant in args.variants.split(","):
         if variant not in VARIANTS:

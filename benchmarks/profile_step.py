@@ -56,9 +56,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--position", type=int, default=40, help="tokens already in the Self-KV")
-    p.add_argument(
-        "--sdpa", action="store_true", help="PyTorch's SDPA everywhere, not the attention kernel"
-    )
+    p.add_argument("--sdpa", action="store_true", help="PyTorch's SDPA everywhere, not the attention kernel")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 

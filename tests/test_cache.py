@@ -311,3 +311,32 @@ def test_self_kv_reorder_in_place_equals_a_gather(rows):
     assert torch.equal(kv.value, before_value.index_select(0, index))
     kv.reorder(torch.zeros(3, dtype=torch.long))  # another row count: a fresh buffer, every row from 0
     assert kv.key.shape[0] == 3 and torch.equal(kv.key[2], before_key.index_select(0, index)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_reorders_every_layer_as_the_twin_does(dtype):
+    """A beam step's reorder of every layer in one C call (``cache/reorder.py``, what
+    ``DecoderCache.reorder`` calls): the keys and values the layer-by-layer twin leaves, bit for bit
+    (swaps, repeated parents, rows that keep their own), and the positions past the held ones untouched."""
+    from whisperkv.cache import reorder
+    from whisperkv.cache.kv import SelfKV, reorder_moves
+
+    def layers() -> list[SelfKV]:
+        generator = torch.Generator().manual_seed(3)
+        made = [SelfKV(i, 6, 16, 8, dtype, "cpu", n_head=2) for i in range(3)]
+        for kv in made:
+            kv.append(*(torch.randn(6, 2, 16, 4, generator=generator).to(dtype) for _ in range(2)))
+            kv.truncate(9)  # positions 9..15 hold values the reorder must not move
+        return made
+
+    rows = torch.tensor([1, 0, 0, 3, 5, 5])
+    fast, twin, before = layers(), layers(), layers()
+    assert reorder.takes(fast, 6) and not reorder.takes(fast, 5)
+    reorder.reorder_layers(fast, reorder_moves(rows))
+    for kv in twin:
+        kv.reorder(rows)
+    for a, b, old in zip(fast, twin, before, strict=True):
+        assert a.length == b.length == 9
+        assert all(torch.equal(x, y) for x, y in zip(a.buffers, b.buffers, strict=True))
+        assert torch.equal(a.key, old.key.index_select(0, rows))
+        assert torch.equal(a.buffers[0][:, :, 9:], old.buffers[0][:, :, 9:])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from whisperkv.cache import reorder
 from whisperkv.cache.provenance import CrossKVProvenance, SelfKVProvenance
 from whisperkv.errors import CacheReuseError
 
@@ -269,9 +270,15 @@ class DecoderCache:
         self.tokens = self.tokens[:, :length]
 
     def reorder(self, rows: torch.Tensor) -> None:
+        """Beams follow their parents: row i of every layer takes what row ``rows[i]`` held. A beam
+        step's (the row count stays) in one C call for every layer where it takes them
+        (``cache/reorder.py``); else layer by layer (its twin)."""
         moves = reorder_moves(rows)  # once for every layer (used where the row count stays)
-        for kv in self.self_kv:
-            kv.reorder(rows, moves)
+        if reorder.takes(self.self_kv, rows.shape[0]):
+            reorder.reorder_layers(self.self_kv, moves)
+        else:
+            for kv in self.self_kv:
+                kv.reorder(rows, moves)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))
 
     def keep_rows(self, rows: torch.Tensor, windows: torch.Tensor | None = None) -> None:

@@ -48,11 +48,12 @@ if TYPE_CHECKING:
 #: compiled together into one library: the step attention, the int8 linears' rows (``model/int8_rows.py``),
 #: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates
 #: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``) and a block's whole
-#: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``)
+#: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``), and the beam step's
+#: Self-KV reorder (``cache/reorder.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c", "block_step.c")
-    + ("int8_block_step.c",)
+    + ("int8_block_step.c", "reorder.c")
 )
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
