@@ -169,13 +169,21 @@ def test_int8_model_layout(int8_model):
     assert "+int8" in int8_model.weights_digest
     if cpu_has_fast_bfloat16():
         assert int8_model.encoder_dtype == torch.bfloat16
+        # the Cross-KV's projections (compute-bound, once a window) in bfloat16 with the encoder
+        for block in decoder.blocks:
+            for linear in (block.cross_attn.key, block.cross_attn.value):
+                assert type(linear) is torch.nn.Linear and linear.weight.dtype == torch.bfloat16
+        assert "cross-KV projection bfloat16" in int8_model.weights_digest
     else:
         assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8Linear)
+        assert isinstance(decoder.blocks[0].cross_attn.key, Int8Linear)
     # the caches are bfloat16 where the attention kernel reads them; SDPA was slower over bfloat16 ones
     want = torch.bfloat16 if decoder.attention_kernel is not None else None
     assert decoder.kv_dtype == want
     features = int8_model.embed_audio(torch.zeros(1, 80, 3000))
     assert features.dtype == torch.float32  # whatever the encoder ran in, the decoder gets float32
+    cross = decoder.project_cross_kv(features, int8_model.encoder_provenance(torch.zeros(1, 80, 3000)))
+    assert cross[0].key.dtype == (want or torch.float32)  # float32 features into bfloat16 linears: cast
     with pytest.raises(ValueError, match="already"):
         quantize_int8(int8_model)
 

@@ -101,7 +101,7 @@ def test_the_int8_model_uses_it_and_names_it(kernel, int8_model):
     assert all(
         block.mlp[0].kernel is not None and block.attn.qkv.kernel is not None for block in decoder.blocks
     )
-    assert "decoder rows kernel)" in int8_model.weights_digest
+    assert "decoder rows kernel" in int8_model.weights_digest
 
 
 def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):

@@ -102,7 +102,12 @@ class MultiHeadAttention(nn.Module):
         """Keys and values of ``x`` [B, T, d], split into heads: [B, H, T, d/H], contiguous.
 
         Caches hold them in this layout so every read is a plain view, never a per-step copy.
+        Linears held in bfloat16 (the int8 type's Cross-KV projection, ``model/quantize.py``) take
+        ``x`` cast to it (a float32 model's float16-held linears widen their weight instead).
         """
+        weight = getattr(self.key, "weight", None)
+        if weight is not None and weight.dtype == torch.bfloat16 != x.dtype:
+            x = x.to(torch.bfloat16)
         return split_heads(self.key(x), self.n_head), split_heads(self.value(x), self.n_head)
 
     def forward(

@@ -8,7 +8,9 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   its own through the C rows kernel (``model/int8_rows.py``) on a CPU with AVX512-VNNI, all the rows
   of a call with one scale through fbgemm elsewhere.
   A one-token decoder step reads every weight once, so its time follows the bytes read: the
-  vocabulary projection of tiny.en drops from 80 MB to 20 MB per token.
+  vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
+  value projections where the encoder is bfloat16: they run once per window over 1,500 positions
+  (compute-bound, like the encoder), in bfloat16 too.
 * the encoder is compute-bound (1,500 positions per window). On a CPU with native bfloat16 matrix
   instructions (AMX / AVX512-BF16) it runs in bfloat16, which is both faster and closer to float32
   than int8 there; elsewhere its linear layers become ``Int8Linear`` too.
@@ -112,20 +114,31 @@ class Int8Embedding(nn.Module):
         return self.qweight[tokens].float() * self.scale[tokens]
 
 
+def _bfloat16_linear(linear: nn.Linear) -> nn.Linear:
+    """``linear`` as a plain bfloat16 ``nn.Linear``, in place (a float32 step's row-GEMM subclass,
+    ``model/row_gemm.py``, has nothing to do here)."""
+    linear.__class__ = nn.Linear
+    linear.__dict__.pop("widths", None)
+    return linear.to(torch.bfloat16)
+
+
 def cpu_has_fast_bfloat16() -> bool:
     """True when the CPU multiplies bfloat16 matrices natively (AMX or AVX512-BF16)."""
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def _replace_linears(module: nn.Module, kernel: Int8RowsKernel | None = None) -> None:
-    """Every nn.Linear below ``module`` becomes an Int8Linear; fused query/key/value ones too."""
+def _replace_linears(
+    module: nn.Module, kernel: Int8RowsKernel | None = None, keep: tuple[nn.Module, ...] = ()
+) -> None:
+    """Every nn.Linear below ``module`` but those in ``keep`` becomes an Int8Linear; fused
+    query/key/value ones too."""
     make = functools.partial(Int8Linear, kernel=kernel)
     for child in module.modules():
         if isinstance(child, MultiHeadAttention) and child.qkv is not None:
             child.fuse_qkv(make)  # per-row scales: the same int8 rows the three layers get
     for parent in list(module.modules()):
         for name, child in parent.named_children():
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and not any(child is k for k in keep):
                 setattr(parent, name, Int8Linear.from_linear(child, kernel))
 
 
@@ -159,12 +172,24 @@ def quantize_int8(
     else:
         _replace_linears(model.encoder.blocks)
     kernel = load_rows_kernel() if rows_kernel else None
-    _replace_linears(model.decoder.blocks, kernel)
+    # the Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
+    # window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
+    # anyway). Int8 there took 20 ms a window for tiny.en (per-row quantised, through the rows kernel
+    # made for a step's few rows), a tenth of the window's encoder time.
+    keep: tuple[nn.Module, ...] = ()
+    if encoder_bfloat16:
+        keep = tuple(
+            _bfloat16_linear(linear)
+            for block in model.decoder.blocks
+            for linear in (block.cross_attn.key, block.cross_attn.value)
+        )
+    _replace_linears(model.decoder.blocks, kernel, keep)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     encoder = "bfloat16" if encoder_bfloat16 else "int8"
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
     decoder = ", decoder rows kernel" if kernel is not None else ""
+    decoder += ", cross-KV projection bfloat16" if keep else ""
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
     model.compute_type = "int8"
     use_attention_kernels(model, attention_kernel)
