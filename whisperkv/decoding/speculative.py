@@ -25,7 +25,7 @@ the engine, with its filters: the draft's ~100 small ops are as dispatch-bound, 
 Cross-KV and int8 table as cold, as the float32 step's), and a checked row ~0.7 ms plus its token
 choice. Whole runs took 0.98–1.03 of the plain loop's time on tiny.en, 0.92–0.99 on base. Round 16
 (both halves in C): a guess still costs about a float32 step in a transcription (its 37 MB read cold
-each time), so whole runs take 1.09–1.23 of the plain loop's time (the plain loop got faster since
+each time), so whole runs take 1.13–1.27 of the plain loop's time (the plain loop got faster since
 round 5, by more). Off by default.
 """
 
