@@ -1,13 +1,15 @@
 """``whisperkv serve``: load the model, start one scheduler, serve the OpenAI audio API with uvicorn.
 
 SIGTERM (or Ctrl-C) drains: new requests get 503 at once, every job already submitted finishes and is
-answered, then uvicorn closes its connections and the process exits 0. A second signal exits at once.
+answered, then uvicorn closes its connections and the process exits 0. A second signal exits at once
+(status 128 + the signal's number: 143 for SIGTERM, 130 for Ctrl-C), abandoning what is in flight.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 from typing import Any
 
@@ -69,10 +71,12 @@ def _server_class():
             self._draining = False
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self._draining:  # a second signal: stop waiting
-                self.force_exit = True
-                self.should_exit = True
-                return
+            if self._draining:  # a second signal: stop now, status 128 + signal, like a shell's
+                # (uvicorn's own forced exit skips the app's shutdown, and the app's lifespan task, then
+                # cancelled at teardown, was logged as a traceback)
+                print(f"whisperkv serve: signal {sig} again: exiting now", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(128 + sig)
             self._draining = True
             self.lifecycle.begin_shutdown()
             threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
