@@ -4,6 +4,7 @@ without a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -47,96 +49,74 @@ def _active_jobs(http: httpx.Client) -> float:
     return float(text.split("\nwhisperkv_active_jobs ")[1].split()[0])
 
 
-def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(tmp_path, tiny_model, speech_dir):
+@contextlib.contextmanager
+def _server(tmp_path: Path, *options: str) -> Iterator[tuple[subprocess.Popen, httpx.Client, list[str]]]:
+    """A ``whisperkv serve`` process on a free 127.0.0.1 port, started and healthy; killed if it is still
+    running at the end. The list holds its output once it has stopped."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("WHISPERKV_API_KEY", None)
-    log = open(tmp_path / "server.log", "w+")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "whisperkv", "serve", "--port", str(port), "--max_upload_mb", "4"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            _wait(lambda: server.poll() is None and _healthy(http), 120, "the server to start")
-            in_flight: dict = {}
+    output: list[str] = []
+    with open(tmp_path / "server.log", "w+") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "whisperkv", "serve", "--port", str(port), *options],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+                _wait(lambda: server.poll() is None and _healthy(http), 120, "the server to start")
+                yield server, http, output
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait(10)
+            log.seek(0)
+            output.append(log.read())
 
-            def request() -> None:
-                files = {"file": (CLIP.name, CLIP.read_bytes(), "audio/wav")}
-                in_flight["response"] = http.post(
-                    "/v1/audio/transcriptions", files=files, data={"model": "whisper-1", "beam_size": "5"}
-                )
 
-            worker = threading.Thread(target=request)
-            worker.start()
-            _wait(lambda: _active_jobs(http) >= 1, 60, "the job to start")
-            server.send_signal(signal.SIGTERM)
-            _wait(lambda: http.get("/health").status_code == 503, 10, "/health to report shutdown")
-            refused = http.post(
-                "/v1/audio/transcriptions",
-                files={"file": (CLIP.name, CLIP.read_bytes(), "audio/wav")},
-                data={"model": "whisper-1"},
-            )
-            assert refused.status_code == 503
-            assert refused.json()["error"]["code"] == "shutting_down"
-            worker.join(300)
-            assert not worker.is_alive()
+def _transcribe(http: httpx.Client, **data: str) -> httpx.Response:
+    files = {"file": (CLIP.name, CLIP.read_bytes(), "audio/wav")}
+    return http.post("/v1/audio/transcriptions", files=files, data={"model": "whisper-1", **data})
+
+
+def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(tmp_path, tiny_model, speech_dir):
+    in_flight: dict = {}
+    with _server(tmp_path, "--max_upload_mb", "4") as (server, http, output):
+        worker = threading.Thread(target=lambda: in_flight.update(response=_transcribe(http, beam_size="5")))
+        worker.start()
+        _wait(lambda: _active_jobs(http) >= 1, 60, "the job to start")
+        server.send_signal(signal.SIGTERM)
+        _wait(lambda: http.get("/health").status_code == 503, 10, "/health to report shutdown")
+        refused = _transcribe(http)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        worker.join(300)
+        assert not worker.is_alive()
         assert server.wait(timeout=120) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
-        log.seek(0)
-        output = log.read()
-        log.close()
-    assert "Traceback" not in output, output
+    assert "Traceback" not in output[0], output[0]
     response = in_flight["response"]
-    assert response.status_code == 200, output
+    assert response.status_code == 200, output[0]
     torch.manual_seed(0)
     assert response.json()["text"] == tiny_model.transcribe(str(CLIP), beam_size=5)["text"]
 
 
 def test_a_second_sigterm_exits_at_once_with_143_and_no_traceback(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("WHISPERKV_API_KEY", None)
-    log = open(tmp_path / "server.log", "w+")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "whisperkv", "serve", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            _wait(lambda: server.poll() is None and _healthy(http), 120, "the server to start")
-            worker = threading.Thread(  # a job in flight: the first signal alone would wait for it
-                target=lambda: _post_ignoring_reset(http), daemon=True
-            )
-            worker.start()
-            _wait(lambda: _active_jobs(http) >= 1, 60, "the job to start")
-            server.send_signal(signal.SIGTERM)
-            _wait(lambda: http.get("/health").status_code == 503, 10, "/health to report shutdown")
-            started = time.monotonic()
-            server.send_signal(signal.SIGTERM)
-            assert server.wait(timeout=10) == 128 + signal.SIGTERM
-            assert time.monotonic() - started < 10
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
-        log.seek(0)
-        output = log.read()
-        log.close()
-    assert "Traceback" not in output, output
-    assert "again: exiting now" in output
+    def in_flight() -> None:
+        try:
+            _transcribe(http, beam_size="5")
+        except httpx.TransportError:
+            pass  # the server exited under it: what a forced exit does
 
-
-def _post_ignoring_reset(http: httpx.Client) -> None:
-    files = {"file": (CLIP.name, CLIP.read_bytes(), "audio/wav")}
-    try:
-        http.post("/v1/audio/transcriptions", files=files, data={"model": "whisper-1", "beam_size": "5"})
-    except httpx.TransportError:
-        pass  # the server exited under it: what a forced exit does
+    with _server(tmp_path) as (server, http, output):
+        threading.Thread(target=in_flight, daemon=True).start()  # the first signal alone would wait for it
+        _wait(lambda: _active_jobs(http) >= 1, 60, "the job to start")
+        server.send_signal(signal.SIGTERM)
+        _wait(lambda: http.get("/health").status_code == 503, 10, "/health to report shutdown")
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 10
+    assert "Traceback" not in output[0], output[0]
+    assert "again: exiting now" in output[0]
