@@ -57,8 +57,10 @@ class WhisperKV(Engine):
 
             use_block_step(self.model.decoder, on=False)
         layout = current_layout(self.model.decoder)
-        if any(getattr(m, "kernel", None) is not None for m in self.model.decoder.blocks[0].mlp.modules()):
-            layout += " rows kernel"
+        mlp = self.model.decoder.blocks[0].mlp
+        rows_kernel = [m.kernel for m in mlp.modules() if getattr(m, "kernel", None) is not None]
+        if rows_kernel:
+            layout += " rows kernel" + (" (amx)" if rows_kernel[0].amx else "")
         if self.model.decoder.blocks[0].step_rows is not None:
             layout += ", linears kernel"
         if self.model.decoder.blocks[0].block_step is not None:

@@ -148,22 +148,31 @@ def _transcriptions(other, commit: str, audio_names: list[str], repeats: int) ->
 
 def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     """The rows kernel built from ``commit``'s ``int8_rows.c`` with the library's flags, or None (no
-    compiler, or no such file at that commit)."""
+    compiler, or no such file at that commit). With that commit's ``rows_f32.c`` where there is one: the
+    int8 step's LayerNorm and GELU come from it (round 15 on)."""
     from whisperkv.model.attend_kernel import FLAGS
     from whisperkv.model.int8_rows import Int8RowsKernel
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     root = Path(__file__).resolve().parents[1]
-    shown = subprocess.run(
-        ["git", "show", f"{commit}:whisperkv/model/kernels/int8_rows.c"], cwd=root, capture_output=True
-    )
+
+    def show(name: str) -> subprocess.CompletedProcess:
+        path = f"{commit}:whisperkv/model/kernels/{name}"
+        return subprocess.run(["git", "show", path], cwd=root, capture_output=True)
+
+    shown = show("int8_rows.c")
     if compiler is None or shown.returncode:
         print(f"no int8 rows kernel at {commit}: {shown.stderr.decode().strip() or 'no C compiler'}")
         return None
     folder = Path(tempfile.mkdtemp(prefix="int8_rows_"))
-    (folder / "int8_rows.c").write_bytes(shown.stdout)
+    sources = [folder / "int8_rows.c"]
+    sources[0].write_bytes(shown.stdout)
+    helpers = show("rows_f32.c")
+    if helpers.returncode == 0:
+        sources.append(folder / "rows_f32.c")
+        sources[1].write_bytes(helpers.stdout)
     built = folder / "int8_rows.so"
-    subprocess.run([compiler, *FLAGS, str(folder / "int8_rows.c"), "-o", str(built), "-lm"], check=True)
+    subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", str(built), "-lm"], check=True)
     library = ctypes.CDLL(str(built))
     shutil.rmtree(folder)  # the loaded library stays mapped
     return Int8RowsKernel(library)

@@ -116,9 +116,8 @@ def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
     compiler = shutil.which("cc") or shutil.which("gcc")
     plain = tmp_path / "plain.so"
     flags = [f for f in FLAGS if f != "-fopenmp"]  # one thread: the sums do not depend on it anyway
-    subprocess.run(
-        [compiler, *flags, "-mno-avx512vnni", *map(str, SOURCES), "-o", str(plain), "-lm"], check=True
-    )
+    flags += ["-mno-avx512vnni", "-mno-amx-int8"]  # nor AMX's tiles (which need VNNI's layout only)
+    subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(plain), "-lm"], check=True)
     slow = Int8RowsKernel(ctypes.CDLL(str(plain)))
     # 1-10 rows: each group size the VNNI path splits a step's rows into (1-8 rows, several chains a
     # row), then 21 (a full block of 16, and 5); widths of 24 and 25 dot-product steps (a split's tail)
@@ -129,3 +128,32 @@ def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
         x = torch.randn(21, width, generator=torch.Generator().manual_seed(5))
         for rows in (*range(1, 11), 21):
             assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)
+
+
+def test_amx_products_are_the_vnni_products(kernel):
+    """Where AMX builds and is permitted, calls of 2+ rows over widths in 64s take its tiles: the same
+    integer sums as the VNNI path (``wkv_int8_rows_vnni``, which never takes them), so the same bits.
+    Rows 1-70: one row (VNNI either way), partial and full 16-row tiles, one to three tile groups per
+    pass and a second pass (49+); outputs not a multiple of 16; widths 64 (one tile step) to 1536."""
+    import ctypes
+
+    from whisperkv.model.attend_kernel import load_kernel
+
+    if not kernel.amx:
+        pytest.skip("no AMX here (or the system refuses its tiles): the VNNI path is the only one")
+    twin = load_kernel().library.wkv_int8_rows_vnni
+    twin.restype = ctypes.c_int
+    twin.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 5
+    for out, width in ((37, 64), (1152, 384), (100, 1536)):
+        weight, bias = _layer(out, width, seed=out)
+        layer = Int8Linear(weight, bias, kernel)
+        x = torch.randn(70, width, generator=torch.Generator().manual_seed(width)) * 3
+        for rows in (1, 2, 5, 15, 16, 17, 33, 48, 49, 70):
+            fast = layer(x[:rows])
+            slow = torch.empty_like(fast)
+            failed = twin(
+                x.data_ptr(), width, rows, width, out, layer._packed.data_ptr(), layer._scales.data_ptr(),
+                layer._row_sums.data_ptr(), layer._bias.data_ptr(), slow.data_ptr(),
+            )  # fmt: skip
+            assert failed == 0
+            assert torch.equal(fast, slow), (out, width, rows)

@@ -6,6 +6,10 @@ rows: ``benchmarks/int8_kernels.py --rows`` prints both, a call at a time, warm 
 quantises each row on its own and reads weights stored for the CPU's int8 dot product (16 output rows
 x 4 inputs a line), so one row's numbers never depend on the others in the step.
 
+Where the CPU has AMX and the system lets the process use its tiles, calls of a few rows or more (a
+beam-5 step, a batch of windows) multiply through AMX's int8 tiles instead of VNNI's dot products: the
+same integer sums, so the same bits (tested); ``amx`` says which this process gets.
+
 Built with the attention kernel into one library (``model/attend_kernel.py``): no compiler, or no
 AVX512-VNNI, no kernel, and ``Int8Linear`` keeps fbgemm.
 """
@@ -33,6 +37,9 @@ class Int8RowsKernel:
         self._pack = library.wkv_int8_pack
         self._pack.restype = None
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+        # products of several rows through AMX's tiles (not in a library built from an int8_rows.c before
+        # round 17: ``benchmarks/int8_kernels.py --against``)
+        self.amx = hasattr(library, "wkv_int8_rows_amx") and bool(library.wkv_int8_rows_amx())
 
     def __deepcopy__(self, memo: dict) -> Int8RowsKernel:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)

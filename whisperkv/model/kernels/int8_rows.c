@@ -12,6 +12,10 @@
  * (fbgemm's did: one scale for them all) nor on the thread count (each output is one integer sum).
  * Without AVX512-VNNI the same layout runs through plain C loops: the same integers, the same result
  * (tested), but slower than fbgemm, so model/int8_rows.py offers the kernel only where VNNI is.
+ * Where the CPU has AMX (Intel's tile unit), calls of AMX_MIN_ROWS rows or more multiply 16 rows by 16
+ * outputs by 64 inputs in one instruction (tdpbusd) on the same layout: a block's 16 lanes x 4 inputs
+ * per 64-byte line is the layout a tile of weights wants. Integer sums: the same bits as VNNI (tested
+ * against wkv_int8_rows_vnni, which never takes it).
  * Built by model/attend_kernel.py, with attend.c, into one library. */
 #include <math.h>
 #include <stdint.h>
@@ -20,10 +24,18 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define WKV_AMX 1
+#endif
 
 #define LANES 16   /* output rows per weight block: one 512-bit register of int32 sums */
 #define ROWS 16    /* input rows per pass over a weight block (their sums stay in registers) */
 #define MAXIN 5120 /* input width: Whisper's widest (large's MLP, 4 x 1280); sums stay < 255*127*5120 */
+#define AMX_GROUPS 3 /* 16-row groups per pass over a weight block: 3 sums + 3 rows + 1 weight tile of 8 */
+#define AMX_MIN_ROWS 2 /* fewer rows: VNNI (one row through a 16-row tile wastes what VNNI does not) */
 
 /* Weights [out, in] (int8, row-major) into blocks [ceil(out/16)][in/4][16][4]; rows past ``out`` are 0. */
 void wkv_int8_pack(const int8_t *w, long out, long in, int8_t *packed)
@@ -156,6 +168,61 @@ static void block_sums(const uint8_t *xq, long stride, long n, long in, const in
 #endif
 }
 
+#ifdef WKV_AMX
+/* Linux hands out AMX's tile registers to a process that asks (arch_prctl). Asked once: the answer is
+ * the process's for its life, and two threads asking at once get the same one. */
+static int amx_permitted(void)
+{
+    static int state; /* 0 not asked, 1 granted, -1 refused */
+    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) ? -1 : 1;
+    return state > 0;
+}
+
+/* Tiles 0-2 sums (16 rows x 16 int32), 4-6 rows (16 x 64 bytes), 7 weights (16 x 64 bytes). */
+static void amx_configure(void)
+{
+    struct {
+        uint8_t palette, start, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } __attribute__((packed, aligned(64))) config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        config.rows[t] = 16;
+        config.colsb[t] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* The int32 sums of n <= 16 * AMX_GROUPS quantised rows (``stride`` bytes apart, rows up to the next
+ * multiple of 16 readable) with one weight block, ``in`` a multiple of 64: sums[r][lane]. */
+static void amx_block_sums(const uint8_t *xq, long stride, long n, long in, const int8_t *block,
+                           int32_t sums[][LANES])
+{
+    const long groups = (n + 15) / 16;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (long s = 0; s < in / 64; s++) {
+        _tile_loadd(7, block + s * 16 * LANES * 4, LANES * 4);
+        _tile_loadd(4, xq + s * 64, stride);
+        _tile_dpbusd(0, 4, 7);
+        if (groups > 1) {
+            _tile_loadd(5, xq + 16 * stride + s * 64, stride);
+            _tile_dpbusd(1, 5, 7);
+        }
+        if (groups > 2) {
+            _tile_loadd(6, xq + 32 * stride + s * 64, stride);
+            _tile_dpbusd(2, 6, 7);
+        }
+    }
+    _tile_stored(0, sums[0], LANES * 4);
+    if (groups > 1) _tile_stored(1, sums[16], LANES * 4);
+    if (groups > 2) _tile_stored(2, sums[32], LANES * 4);
+}
+#endif
+
 /* |x - x̂| and |x̂| of one row, where x̂ = scale * (xq - zero) is the row the products use: what the
  * float32 type's vocabulary screen bounds its error with (model/vocab_screen.py). In double: exact
  * to far below the bound's slack. */
@@ -172,6 +239,17 @@ static void quantised_norms(const float *row, long in, const uint8_t *xq, float 
     *norm = (float)sqrt(n);
 }
 
+/* One row's outputs of one block from its integer sums: the zero point out, both scales, the bias. */
+static inline __attribute__((always_inline)) void epilogue(const int32_t *sums, int32_t zero, float scale,
+                                                           const int32_t *w_sum, const float *w_scale,
+                                                           const float *bias, float *v, long lanes)
+{
+    for (long lane = 0; lane < lanes; lane++) {
+        const float total = (float)(sums[lane] - zero * w_sum[lane]);
+        v[lane] = scale * w_scale[lane] * total + (bias ? bias[lane] : 0.f);
+    }
+}
+
 void wkv_gelu_row(float *v, long count); /* rows_f32.c: 16 at a time, the same bits wherever a value falls */
 void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out);
 
@@ -179,19 +257,27 @@ void wkv_layer_norm(const float *x, long in, const float *weight, const float *b
  * transposed, each output o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus
  * bias (or NULL), then GELU when do_gelu, then + residual[r] (rows rs floats apart, or NULL; it may be
  * y itself). Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and
- * runs all the rows through a block, ROWS at a time, while it sits in the CPU's first-level cache: the
- * weights are read from memory once per call, however many rows. ``x_error`` and ``x_norm`` (R floats
- * each, or NULL): each row's |x - x̂| and |x̂| for the quantised row x̂ its products used. Returns 0, or 1
- * when ``in`` is out of range or not a multiple of 4, 2 when the rows' buffer cannot be allocated
- * (nothing written). One copy (noinline) for both entries below: an output's bits never depend on which
+ * runs all the rows through a block, ROWS at a time (16 * AMX_GROUPS through AMX), while it sits in the
+ * CPU's first-level cache: the weights are read from memory once per call, however many rows.
+ * ``x_error`` and ``x_norm`` (R floats each, or NULL): each row's |x - x̂| and |x̂| for the quantised
+ * row x̂ its products used. ``allow_amx``: AMX where built, permitted, and the call fits it. Returns 0,
+ * or 1 when ``in`` is out of range or not a multiple of 4, 2 when the rows' buffer cannot be allocated
+ * (nothing written). One copy (noinline) for every entry below: an output's bits never depend on which
  * entry made it. */
 static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long R, long in, long out,
                                                const int8_t *packed, const float *w_scale, const int32_t *w_sum,
                                                const float *bias, int do_gelu, const float *residual, long rs,
-                                               float *y, long ys, float *x_error, float *x_norm)
+                                               float *y, long ys, float *x_error, float *x_norm, int allow_amx)
 {
     if (R < 1 || in < 4 || in > MAXIN || in % 4) return 1;
-    uint8_t *xq = malloc((size_t)(R * in));
+#ifdef WKV_AMX
+    const int amx = allow_amx && R >= AMX_MIN_ROWS && in % 64 == 0 && amx_permitted();
+#else
+    const int amx = 0;
+    (void)allow_amx;
+#endif
+    const long padded = amx ? (R + 15) / 16 * 16 : R; /* a tile reads 16 rows: the rest are zeros */
+    uint8_t *xq = malloc((size_t)(padded * in));
     float *scale = malloc(sizeof(float) * (size_t)R);
     int32_t *zero = malloc(sizeof(int32_t) * (size_t)R);
     if (!xq || !scale || !zero) {
@@ -205,29 +291,48 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
         if (x_error && x_norm)
             quantised_norms(x + r * x_row, in, xq + r * in, scale[r], zero[r], x_error + r, x_norm + r);
     }
+    memset(xq + R * in, 0, (size_t)((padded - R) * in));
     const long blocks = (out + LANES - 1) / LANES;
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < blocks; b++) {
-        const int8_t *block = packed + b * (in / 4) * LANES * 4;
-        const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
-        int32_t sums[ROWS][LANES] __attribute__((aligned(64)));
-        for (long r0 = 0; r0 < R; r0 += ROWS) {
-            const long n = R - r0 < ROWS ? R - r0 : ROWS;
-            block_sums(xq + r0 * in, in, n, in, block, sums);
-            for (long r = 0; r < n; r++) {
-                float v[LANES] __attribute__((aligned(64))) = {0};
-                for (long lane = 0; lane < lanes; lane++) {
-                    const long o = b * LANES + lane;
-                    const float total = (float)(sums[r][lane] - zero[r0 + r] * w_sum[o]);
-                    v[lane] = scale[r0 + r] * w_scale[o] * total + (bias ? bias[o] : 0.f);
-                }
-                if (do_gelu) wkv_gelu_row(v, LANES);
-                for (long lane = 0; lane < lanes; lane++) {
-                    const long o = b * LANES + lane;
-                    y[(r0 + r) * ys + o] = residual ? residual[(r0 + r) * rs + o] + v[lane] : v[lane];
+    const long chunk = amx ? 16 * AMX_GROUPS : ROWS;
+#pragma omp parallel
+    {
+#ifdef WKV_AMX
+        if (amx) amx_configure();
+#endif
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            const int8_t *block = packed + b * (in / 4) * LANES * 4;
+            const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
+            int32_t sums[16 * AMX_GROUPS][LANES] __attribute__((aligned(64)));
+            for (long r0 = 0; r0 < R; r0 += chunk) {
+                const long n = R - r0 < chunk ? R - r0 : chunk;
+#ifdef WKV_AMX
+                if (amx)
+                    amx_block_sums(xq + r0 * in, in, n, in, block, sums);
+                else
+#endif
+                    block_sums(xq + r0 * in, in, n, in, block, sums);
+                for (long r = 0; r < n; r++) {
+                    float v[LANES] __attribute__((aligned(64))) = {0};
+                    if (lanes == LANES) /* a full block: a count the compiler makes one vector of */
+                        epilogue(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
+                                 bias ? bias + b * LANES : NULL, v, LANES);
+                    else
+                        epilogue(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
+                                 bias ? bias + b * LANES : NULL, v, lanes);
+                    if (do_gelu) wkv_gelu_row(v, LANES);
+                    float *to = y + (r0 + r) * ys + b * LANES;
+                    if (residual)
+                        for (long lane = 0; lane < lanes; lane++)
+                            to[lane] = residual[(r0 + r) * rs + b * LANES + lane] + v[lane];
+                    else
+                        memcpy(to, v, sizeof(float) * (size_t)lanes);
                 }
             }
         }
+#ifdef WKV_AMX
+        if (amx) _tile_release();
+#endif
     }
     free(xq);
     free(scale);
@@ -240,7 +345,25 @@ int wkv_int8_rows(const float *x, long x_row, long R, long in, long out, const i
                   const float *w_scale, const int32_t *w_sum, const float *bias, float *y,
                   float *x_error, float *x_norm)
 {
-    return int8_rows(x, x_row, R, in, out, packed, w_scale, w_sum, bias, 0, NULL, 0, y, out, x_error, x_norm);
+    return int8_rows(x, x_row, R, in, out, packed, w_scale, w_sum, bias, 0, NULL, 0, y, out, x_error, x_norm, 1);
+}
+
+/* wkv_int8_rows without AMX: its twin, which the tests hold it to (the same bits). */
+int wkv_int8_rows_vnni(const float *x, long x_row, long R, long in, long out, const int8_t *packed,
+                       const float *w_scale, const int32_t *w_sum, const float *bias, float *y)
+{
+    return int8_rows(x, x_row, R, in, out, packed, w_scale, w_sum, bias, 0, NULL, 0, y, out, NULL, NULL, 0);
+}
+
+/* 1 where calls of enough rows go through AMX here (built for it, and the system lets this process use
+ * its tiles), else 0. */
+int wkv_int8_rows_amx(void)
+{
+#ifdef WKV_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
 }
 
 /* An int8 decoder step's linear with everything around it (model/int8_step.py), as wkv_rows_f32 does
@@ -258,5 +381,5 @@ int wkv_int8_rows_step(const float *x, long n, long xs, const float *ln_weight, 
         x = scratch;
         xs = in;
     }
-    return int8_rows(x, xs, n, in, out, packed, w_scale, w_sum, bias, do_gelu, residual, rs, y, ys, NULL, NULL);
+    return int8_rows(x, xs, n, in, out, packed, w_scale, w_sum, bias, do_gelu, residual, rs, y, ys, NULL, NULL, 1);
 }
