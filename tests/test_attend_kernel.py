@@ -281,3 +281,28 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model):
     finally:
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == digest
+
+
+def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):
+    """With AVX-512 the scores of 16 keys at a time and the weighted values of 4 rows at a time run in
+    registers (``kernels/attend.c``); built with ``WKV_PLAIN_ATTEND`` (the same flags otherwise) the plain
+    loops run alone: the same bits, float32 and bfloat16 caches, 1-16 rows, positions in whole blocks of
+    16, with a tail, and fewer than 16."""
+    import ctypes
+    import subprocess
+
+    from whisperkv.model.attend_kernel import FLAGS, SOURCES
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    plain = tmp_path / "plain.so"
+    subprocess.run(
+        [compiler, *FLAGS, "-DWKV_PLAIN_ATTEND", *map(str, SOURCES), "-o", str(plain), "-lm"], check=True
+    )
+    twin = AttendKernel(ctypes.CDLL(str(plain)), plain)
+    for dtype in (torch.float32, torch.bfloat16):
+        for windows, beams, positions in ((1, 1, 1), (1, 5, 15), (2, 5, 1500), (1, 16, 449), (3, 3, 64)):
+            key, value = _cache(windows, positions, seed=positions)
+            key, value = key.to(dtype), value.to(dtype)
+            g = torch.Generator().manual_seed(beams)
+            q = torch.randn(windows * beams, 1, WIDTH, generator=g) * 4
+            assert torch.equal(kernel(q, key, value), twin(q, key, value)), (dtype, windows, beams, positions)
