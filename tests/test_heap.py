@@ -77,8 +77,10 @@ def test_the_settings_do_not_raise_the_peak_of_loading() -> None:
     """The settings come after the weights: the loader's transient copies still go back to the system.
     Applied before loading, the int8 model's load peaked 38 MB higher (584 against 546 MB), over
     faster-whisper int8's peak on a short clip in the benchmark (round 14). Loads with the settings
-    measured 545-555 MB, without 550-556; the lower of two loads with them is compared."""
+    measured 545-555 MB, without 550-556; where the first load with them is over, the lower of two is
+    compared."""
     kept = _load_peak_mb("keep")
     system = _load_peak_mb("system")
-    kept = min(kept, _load_peak_mb("keep"))
+    if kept > system + 12:  # a load's peak moves with the VM: a second load only when the first is over
+        kept = min(kept, _load_peak_mb("keep"))
     assert kept <= system + 12, (kept, system)
