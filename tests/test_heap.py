@@ -73,14 +73,45 @@ def _load_peak_mb(heap: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def test_the_settings_come_after_the_weights(monkeypatch) -> None:
+    """``load_model`` applies the settings last: after the checkpoint's tensors became the model and the
+    int8 type's copies were made, so the loader's transient copies go back to the system. Applied
+    before, the int8 model's load peaked 38 MB higher (584 against 546 MB), over faster-whisper int8's
+    peak on a short clip in the benchmark (round 14); the load's peak itself, with and without them, is
+    the slow test below."""
+    import whisperkv.model as model_module
+    import whisperkv.model.quantize as quantize_module
+
+    steps: list[str] = []
+
+    def record(name, fn):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            steps.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(
+        model_module, "model_from_checkpoint", record("weights", model_module.model_from_checkpoint)
+    )
+    monkeypatch.setattr(quantize_module, "quantize_int8", record("int8", quantize_module.quantize_int8))
+    monkeypatch.setattr(model_module, "keep_freed_blocks", record("settings", lambda: False))
+    model_module.load_model("tiny.en", compute_type="int8")
+    model_module.load_model("tiny.en")
+    assert steps == ["weights", "int8", "settings", "weights", "settings"]
+
+
+@pytest.mark.slow
 def test_the_settings_do_not_raise_the_peak_of_loading() -> None:
-    """The settings come after the weights: the loader's transient copies still go back to the system.
-    Applied before loading, the int8 model's load peaked 38 MB higher (584 against 546 MB), over
-    faster-whisper int8's peak on a short clip in the benchmark (round 14). Loads with the settings
-    measured 545-555 MB, without 550-556; where the first load with them is over, the lower of two is
-    compared."""
-    kept = _load_peak_mb("keep")
-    system = _load_peak_mb("system")
-    if kept > system + 12:  # a load's peak moves with the VM: a second load only when the first is over
-        kept = min(kept, _load_peak_mb("keep"))
-    assert kept <= system + 12, (kept, system)
+    """The load's peak RSS with the settings against glibc's defaults (each in its own process). Loads
+    measured 545-555 MB with them and 550-556 without in round 14. Slow, not default: any load's peak can
+    also sit ~75 MB higher than the next one's (the size of tiny.en's weights file), with or without the
+    settings (in round 17: 549, 549, 559, 475, 479, 474 MB in a run of alternating loads), so the lowest
+    of each kind is compared, with up to three loads of each while the settings' lowest is over."""
+    kept, system = [], []
+    for _ in range(3):
+        kept.append(_load_peak_mb("keep"))
+        system.append(_load_peak_mb("system"))
+        if min(kept) <= min(system) + 12:
+            break
+    assert min(kept) <= min(system) + 12, (kept, system)
