@@ -5,11 +5,20 @@ from __future__ import annotations
 import csv
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-import torch
+# The default run is two pytest workers on two cores (pyproject's addopts: ``-n 2``). Each runs one
+# intra-op thread, and so do the commands its tests start: two workers of two OpenMP threads each spin
+# against each other (the suite took 15 minutes so, against under 5 with one thread each). Set before
+# torch is imported: its thread pool reads this once.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "speech"
 
@@ -41,6 +50,18 @@ def require_oracle(module: str) -> ModuleType:
         if running_in_ci():
             pytest.fail(f"{reason}; CI is set, so a missing oracle fails the run", pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads: the tests that compare one thread with two say which
+    they mean, whatever the worker's own count is (one under ``-n 2``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def speech_manifest() -> list[dict]:

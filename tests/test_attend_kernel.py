@@ -10,6 +10,7 @@ import tempfile
 import pytest
 import torch
 
+from tests.conftest import torch_threads
 from whisperkv.metrics import normalize_text
 from whisperkv.model import attend_kernel
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel, use_attention_kernels
@@ -75,15 +76,12 @@ def test_a_windows_rows_do_not_depend_on_the_call(kernel):
     """A window's rows get the same bits alone, beside other windows, and with one thread or two."""
     key, value = _cache(3, 1500)
     q = torch.randn(15, 1, WIDTH, generator=torch.Generator().manual_seed(2))
-    together = kernel(q, key, value)
-    alone = kernel(q[5:10].contiguous(), key[1:2], value[1:2])
+    with torch_threads(2):
+        together = kernel(q, key, value)
+        alone = kernel(q[5:10].contiguous(), key[1:2], value[1:2])
     assert torch.equal(together[5:10], alone)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         assert torch.equal(kernel(q, key, value), together)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_kernel_takes_a_strided_query(kernel):

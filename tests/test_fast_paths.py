@@ -23,7 +23,7 @@ from whisperkv.metrics import word_errors
 from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
 from whisperkv.model.whisper import CPU_ENCODER_GROUP
 
-from .conftest import clip_path, english_clips
+from .conftest import clip_path, english_clips, torch_threads
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -107,13 +107,9 @@ def test_timestamp_rule_log_softmax_is_the_one_of_the_logits_it_left(rows, threa
     logits[::3, ts:] += 16  # ...except in these rows: forced
     tokens = torch.randint(0, 50000, (rows, 20), generator=g)
     tokens[:, :3], tokens[:, 3] = 50257, ts
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         logprobs = rule.apply(logits, tokens)
         expected = torch.nn.functional.log_softmax(logits.float(), dim=-1)  # what the search would compute
-    finally:
-        torch.set_num_threads(before)
     assert torch.isinf(logits[::3, :ts]).all()  # the forced rows lost their text tokens
     assert rows == 1 or not torch.isinf(logits[1::3, :eot]).any()  # the others kept theirs
     assert torch.equal(logprobs, expected)

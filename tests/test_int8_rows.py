@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tests.conftest import torch_threads
 from whisperkv.model import int8_rows
 from whisperkv.model.cpu_flags import cpu_has_avx512_vnni
 from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
@@ -59,15 +60,12 @@ def test_a_rows_numbers_are_its_own(kernel):
     weight, bias = _layer(300, 384)
     layer = Int8Linear(weight, bias, kernel)
     x = torch.randn(40, 384, generator=torch.Generator().manual_seed(3)) * torch.logspace(-1, 1, 40)[:, None]
-    together = layer(x)
-    for r in (0, 15, 16, 39):
-        assert torch.equal(layer(x[r : r + 1]), together[r : r + 1])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(2):
+        together = layer(x)
+        for r in (0, 15, 16, 39):
+            assert torch.equal(layer(x[r : r + 1]), together[r : r + 1])
+    with torch_threads(1):
         alone = layer(x)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(alone, together)
 
 

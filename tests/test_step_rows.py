@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.conftest import torch_threads
 from whisperkv.model.attend_kernel import SOURCES, load_kernel, use_attention_kernels
 from whisperkv.model.step_rows import StepRowsKernel, load_step_rows
 
@@ -109,8 +110,7 @@ def test_a_rows_bits_depend_on_nothing_beside_it(kernel, plain_c_kernel):
     """A row alone, among 2-9 rows at any place, with 1 or 2 threads: the same bits (a request batched
     with others gets what it gets alone, without the chunk-width rule the row GEMMs need)."""
     x, weight, bias, norm, residual = _inputs(1536, 384, 9, seed=3)
-    threads = torch.get_num_threads()
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(2):
         for name, version in _versions(kernel, plain_c_kernel):
             alone = torch.cat([version(x[i : i + 1], weight, bias, norm=norm, gelu=True) for i in range(9)])
             for n in range(2, 10):
@@ -119,11 +119,8 @@ def test_a_rows_bits_depend_on_nothing_beside_it(kernel, plain_c_kernel):
             shuffled = torch.randperm(9, generator=torch.Generator().manual_seed(1))
             again = version(x[shuffled], weight, bias, norm=norm, gelu=True)
             assert torch.equal(again, alone[shuffled]), name
-            try:
-                torch.set_num_threads(1)
+            with torch_threads(1):
                 one_thread = version(x, weight, bias, norm=norm, gelu=True)
-            finally:
-                torch.set_num_threads(threads)
             assert torch.equal(one_thread, alone), name
 
 

@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 
+from tests.conftest import torch_threads
 from whisperkv.stream.agreement import LocalAgreement
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
@@ -127,9 +128,9 @@ def test_vad_leaves_torch_threads_alone_and_hears_no_speech_in_silence():
 
     from whisperkv.stream.vad import SpeechDetector
 
-    threads = torch.get_num_threads()
-    detector = SpeechDetector()
-    assert torch.get_num_threads() == threads  # silero-vad's import would set it to 1
+    with torch_threads(2):  # silero-vad's import would set it to 1
+        detector = SpeechDetector()
+        assert torch.get_num_threads() == 2
     assert detector.process(np.zeros(3 * SR, dtype=np.float32)) == []  # silence: no boundary
 
 
