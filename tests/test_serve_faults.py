@@ -209,3 +209,23 @@ def test_client_disconnect_cancels_its_job(tiny_model, speech_dir):
             assert _metric(http, "whisperkv_decoder_steps_total") == steps  # nothing decodes for it any more
             ok = _post(http, _file(JFK), {"model": "whisper-1"})
             assert ok.status_code == 200 and "country" in ok.json()["text"]
+
+
+def test_a_requests_log_mel_is_made_once_off_the_models_thread(tiny_model, speech_dir, monkeypatch):
+    """The request thread makes the first window's log-Mel (``Job.prepare``): the scheduler's thread,
+    which every request shares, starts on the encoder."""
+    import whisperkv.audio_source as audio_source
+
+    made_in: list[str] = []
+    real = audio_source.log_mel_spectrogram
+
+    def recorded(*args, **kwargs):
+        made_in.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(audio_source, "log_mel_spectrogram", recorded)
+    with live_server(make_app(tiny_model, max_upload_bytes=16 * 2**20)) as url:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            response = _post(http, _file(JFK), {"model": "whisper-1"})
+    assert response.status_code == 200 and "country" in response.json()["text"]
+    assert len(made_in) == 1 and made_in[0] != "whisperkv-scheduler", made_in

@@ -56,6 +56,7 @@ def _submit(request: Request, audio: np.ndarray, options: dict) -> JobHandle:
             f"req-{uuid.uuid4().hex}",
             generator=torch.Generator().manual_seed(SAMPLING_SEED),
         )
+        job.prepare()
         return scheduler.submit_job(job)
     except engine_errors.WhisperKVError as err:
         raise _engine_error(request, err) from None
