@@ -171,6 +171,9 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     if helpers.returncode == 0:
         sources.append(folder / "rows_f32.c")
         sources[1].write_bytes(helpers.stdout)
+    header = show("amx.h")  # included by int8_rows.c from round 18 on
+    if header.returncode == 0:
+        (folder / "amx.h").write_bytes(header.stdout)
     built = folder / "int8_rows.so"
     subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", str(built), "-lm"], check=True)
     library = ctypes.CDLL(str(built))

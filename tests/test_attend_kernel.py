@@ -16,6 +16,7 @@ from whisperkv.model import attend_kernel
 from whisperkv.model.attend_kernel import AttendKernel, load_kernel, use_attention_kernels
 from whisperkv.model.attention import HeadByHeadAttention, attend
 from whisperkv.model.cpu_flags import cpu_has_amx_bf16
+from whisperkv.model.tiled_attention import TiledEncoderAttention
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -139,7 +140,7 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
 
 def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     """float32 and int8 decoder steps attend through the kernel; the float32 encoder keeps SDPA, the int8
-    type's bfloat16 encoder goes head by head (SDPA where the CPU has AMX: faster there)."""
+    type's bfloat16 encoder goes head by head, or in AMX's tiles where the CPU has them."""
     for model in (tiny_model, int8_model):
         assert model.decoder.attention_kernel is kernel
         assert all(b.attn.kernel is kernel and b.cross_attn.kernel is kernel for b in model.decoder.blocks)
@@ -147,6 +148,8 @@ def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     encoder_attention = int8_model.encoder.blocks[0].attn.kernel
     if int8_model.encoder_dtype == torch.bfloat16 and not cpu_has_amx_bf16():  # head by head
         assert isinstance(encoder_attention, HeadByHeadAttention)
+    elif int8_model.encoder_dtype == torch.bfloat16 and TiledEncoderAttention.available(kernel.library):
+        assert isinstance(encoder_attention, TiledEncoderAttention)
     else:
         assert encoder_attention is None
     assert all(b.attn.kernel is None for b in tiny_model.encoder.blocks)
@@ -176,9 +179,8 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     own = int8_model.weights_digest
     # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds
     linears = ", linears kernel" if int8_model.decoder.blocks[0].step_rows is not None else ""
-    assert own.endswith(f"+attention(decoder kernel, bfloat16 caches{linears}, encoder head-by-head)") or (
-        "encoder sdpa" in own
-    )
+    decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
+    assert any(own.endswith(f"{decoder}{name})") for name in ("head-by-head", "amx tiles", "sdpa")), own
     assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:
         use_attention_kernels(int8_model, bfloat16_caches=False)
@@ -262,20 +264,27 @@ def test_int8_transcripts_with_and_without_it_agree(int8_model, speech_dir):
     assert kv_bytes["sdpa"] == kv_bytes["kernel"] == 2 * kv_bytes["bfloat16"] == 4 * 2 * 1500 * WIDTH * 4
 
 
-def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model):
-    """Head by head without AMX, SDPA's bfloat16 path with it (faster there); either when asked, and the
-    weights digest says which made the encoder's numbers."""
+def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, kernel):
+    """Head by head without AMX, AMX's tiles with it (SDPA's bfloat16 path where the library has no tile
+    path); each when asked, and the weights digest says which made the encoder's numbers."""
     if int8_model.encoder_dtype != torch.bfloat16:
         pytest.skip("no native bfloat16 here: the int8 encoder has int8 linears and SDPA")
     chosen = int8_model.encoder.blocks[0].attn.kernel
-    assert (chosen is None) == cpu_has_amx_bf16()
+    tiles = cpu_has_amx_bf16() and TiledEncoderAttention.available(kernel.library)
+    assert isinstance(chosen, HeadByHeadAttention) == (not cpu_has_amx_bf16())
+    assert isinstance(chosen, TiledEncoderAttention) == tiles
     digest = int8_model.weights_digest
+    ways = [
+        ({"head_by_head": True}, HeadByHeadAttention, "head-by-head)"),
+        ({"head_by_head": False, "tiles": False}, type(None), "encoder sdpa)"),
+    ]
+    if TiledEncoderAttention.available(kernel.library):
+        ways.append(({"head_by_head": False}, TiledEncoderAttention, "encoder amx tiles)"))
     try:
-        for head_by_head in (True, False):
-            use_attention_kernels(int8_model, head_by_head=head_by_head)
-            kernels = [b.attn.kernel for b in int8_model.encoder.blocks]
-            assert all(isinstance(k, HeadByHeadAttention) == head_by_head for k in kernels)
-            assert int8_model.weights_digest.endswith("head-by-head)" if head_by_head else "encoder sdpa)")
+        for options, kind, ending in ways:
+            use_attention_kernels(int8_model, **options)
+            assert all(type(b.attn.kernel) is kind for b in int8_model.encoder.blocks), options
+            assert int8_model.weights_digest.endswith(ending), options
     finally:
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == digest

@@ -41,6 +41,7 @@ import torch
 
 from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags, cpu_has_amx_bf16
+from whisperkv.model.tiled_attention import TiledEncoderAttention
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -49,12 +50,15 @@ if TYPE_CHECKING:
 #: beam search's top k (``decoding/top_k.py``), the vocabulary screen's candidates
 #: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``) and a block's whole
 #: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``), and the beam step's
-#: Self-KV reorder (``cache/reorder.py``)
+#: Self-KV reorder (``cache/reorder.py``), and the int8 type's encoder attention in AMX tiles
+#: (``model/tiled_attention.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c", "block_step.c")
-    + ("int8_block_step.c", "reorder.c")
+    + ("int8_block_step.c", "reorder.c", "encoder_attend.c")
 )
+#: what the sources include: part of the built library's name, so a change to it rebuilds
+HEADERS = (Path(__file__).with_name("kernels") / "amx.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
@@ -143,9 +147,9 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
     Without ``directory``: the cache directory, or the system's temporary one where that cannot be
     written (a read-only home)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None or not all(source.is_file() for source in SOURCES):
+    if compiler is None or not all(source.is_file() for source in SOURCES + HEADERS):
         return None
-    sources = b"".join(source.read_bytes() for source in SOURCES)
+    sources = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
     name = f"kernels-{key.hexdigest()[:16]}.so"
     places = (
@@ -195,6 +199,7 @@ def use_attention_kernels(
     bfloat16_caches: bool = True,
     rows: bool = True,
     head_by_head: bool | None = None,
+    tiles: bool = True,
 ) -> None:
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
@@ -204,8 +209,9 @@ def use_attention_kernels(
     bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
     call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
     (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
-    faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). The
-    float32 encoder keeps SDPA.
+    faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). With
+    AMX it runs in the kernels' bfloat16 tiles (``model/tiled_attention.py``, round 18) unless ``tiles``
+    is False (then SDPA, its twin). The float32 encoder keeps SDPA.
 
     The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
     (``model/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
@@ -241,13 +247,19 @@ def use_attention_kernels(
     # the bfloat16 encoder head by head, but where the CPU has AMX: there SDPA's bfloat16 path is faster
     if head_by_head is None:
         head_by_head = not cpu_has_amx_bf16()
-    head_by_head = int8 and on and model.encoder_dtype == torch.bfloat16 and head_by_head
+    bfloat16_encoder = int8 and on and model.encoder_dtype == torch.bfloat16
+    head_by_head = bfloat16_encoder and head_by_head
+    tiled = bfloat16_encoder and not head_by_head and tiles and kernel is not None
+    tiled = tiled and TiledEncoderAttention.available(kernel.library)
+    encoder_attention = (
+        TiledEncoderAttention(kernel.library) if tiled else HeadByHeadAttention() if head_by_head else None
+    )
     for block in model.encoder.blocks:
-        block.attn.kernel = HeadByHeadAttention() if head_by_head else None
+        block.attn.kernel = encoder_attention
     if not int8 and kernel is None:
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
     decoder += ", linears kernel" if step_rows is not None else ""
-    encoder = "head-by-head" if head_by_head else "sdpa"
+    encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"

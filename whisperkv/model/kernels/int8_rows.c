@@ -24,10 +24,8 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
+#if defined(WKV_AMX_TILES) && defined(__AMX_INT8__)
 #define WKV_AMX 1
 #endif
 
@@ -169,31 +167,7 @@ static void block_sums(const uint8_t *xq, long stride, long n, long in, const in
 }
 
 #ifdef WKV_AMX
-/* Linux hands out AMX's tile registers to a process that asks (arch_prctl). Asked once: the answer is
- * the process's for its life, and two threads asking at once get the same one. */
-static int amx_permitted(void)
-{
-    static int state; /* 0 not asked, 1 granted, -1 refused */
-    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) ? -1 : 1;
-    return state > 0;
-}
-
-/* Tiles 0-2 sums (16 rows x 16 int32), 4-6 rows (16 x 64 bytes), 7 weights (16 x 64 bytes). */
-static void amx_configure(void)
-{
-    struct {
-        uint8_t palette, start, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } __attribute__((packed, aligned(64))) config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        config.rows[t] = 16;
-        config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
-}
+/* Tiles (amx.h): 0-2 sums (16 rows x 16 int32), 4-6 rows (16 x 64 bytes), 7 weights (16 x 64 bytes). */
 
 /* The int32 sums of n <= 16 * AMX_GROUPS quantised rows (``stride`` bytes apart, rows up to the next
  * multiple of 16 readable) with one weight block, ``in`` a multiple of 64: sums[r][lane]. */
