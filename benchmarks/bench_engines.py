@@ -37,6 +37,7 @@ class WhisperKV(Engine):
         gemm: bool = False,
         calls: bool = False,
         head_by_head: bool = False,
+        sdpa_encoder: bool = False,
     ) -> None:
         import torch
 
@@ -52,6 +53,8 @@ class WhisperKV(Engine):
             use_attention_kernels(self.model, rows=False)
         if head_by_head:  # the int8 type's bfloat16 encoder head by head, as before round 15 with AMX
             use_attention_kernels(self.model, head_by_head=True)
+        if sdpa_encoder:  # the int8 type's bfloat16 encoder through SDPA, as before round 18 with AMX
+            use_attention_kernels(self.model, tiles=False)
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
 
@@ -69,8 +72,10 @@ class WhisperKV(Engine):
             layout += ", attn kernel"
         if self.model.decoder.kv_dtype == torch.bfloat16:
             layout += ", bf16 caches"
-        if self.model.encoder.blocks[0].attn.kernel is not None:
-            layout += ", encoder head by head"
+        encoder_attention = self.model.encoder.blocks[0].attn.kernel
+        if encoder_attention is not None:
+            tiles = type(encoder_attention).__name__ == "TiledEncoderAttention"
+            layout += ", encoder amx tiles" if tiles else ", encoder head by head"
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
         self.name += " no hold" if batched and not hold_end else ""
@@ -244,8 +249,10 @@ ENGINES = (
     "whisperkv-int8-sdpa",
     "whisperkv-int8-pytorch",
     "whisperkv-int8-headbyhead",
+    "whisperkv-int8-sdpaencoder",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
+    "whisperkv-batched-int8-sdpaencoder",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
     "whisperkv-batched-int8-nohold",
@@ -259,7 +266,7 @@ ENGINES = (
 
 
 #: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
-TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead")
+TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead", "-sdpaencoder")
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -281,6 +288,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             gemm=spec.endswith(("-gemm", "-pytorch")),  # int8: PyTorch between its kernels, before round 15
             calls=spec.endswith("-calls"),
             head_by_head=spec.endswith("-headbyhead"),
+            sdpa_encoder=spec.endswith("-sdpaencoder"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
