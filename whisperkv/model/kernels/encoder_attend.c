@@ -1,9 +1,9 @@
 /* The int8 type's bfloat16 encoder self-attention through AMX's bfloat16 tiles (tdpbf16ps).
  *
  * A window's self-attention is 1,500 queries x 1,500 keys per head. PyTorch's SDPA (its CPU flash
- * kernel) took ~10 ms a layer here for tiny.en's six heads: 40 % of the int8 type's encoder. Here a
- * thread takes one head of one window at a time: its keys and values are packed once into the tiles'
- * pair layout, then for each block of 16 queries, the 16 x T scores come from two tile products per 16
+ * kernel) took ~10 ms a layer here for tiny.en's six heads: 40 % of the int8 type's encoder. Here each
+ * head's keys and values of each window are packed once into the tiles' pair layout, then threads take
+ * 128 queries of one head at a time; for each block of 16 queries, the 16 x T scores come from two tile products per 16
  * keys, the softmax runs over the whole row in float32 (AVX-512, exponent by a degree-6 polynomial),
  * the probabilities are rounded to bfloat16 (as SDPA's bfloat16 path rounds them before its product
  * with the values) and multiply the values in tiles; each output row is divided by its sum and written
@@ -24,6 +24,7 @@
 
 #define WIDTH 64     /* every Whisper model's head width */
 #define TILE 512     /* bfloat16 elements in one 16 x 64-byte tile */
+#define CHUNK 8      /* query blocks of 16 a thread takes at a time */
 
 #ifdef WKV_AMX_BF16
 /* 2^t for t <= 0 (far below 0 it is 0 or a denormal: nothing beside a row's largest term, 1). */
@@ -113,19 +114,18 @@ static float softmax_row(const float *s, long T, long T32, float log2_scale, uin
     return 1.0f / _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3])));
 }
 
-/* One head of one window: queries, keys and values [T][64] ``stride`` elements apart; out [T][64]
- * ``out_stride`` apart. Buffers: kp (T16 x 64), vp (T32 x 64), s (16 x T16 floats), p (16 x T32, in tiles). */
-static void attend_head(const uint16_t *q, const uint16_t *k, const uint16_t *v, long stride, long T,
-                        float log2_scale, uint16_t *out, long out_stride, uint16_t *kp, uint16_t *vp,
-                        float *s, uint16_t *p)
+/* Query blocks [first, last) of one head of one window: queries [T][64] ``stride`` elements apart, keys
+ * and values packed (kp: T16 x 64, vp: T32 x 64); out [T][64] ``out_stride`` apart. Buffers: s (16 x T16
+ * floats), p (16 x T32, in tiles). */
+static void attend_blocks(const uint16_t *q, long stride, long T, long first, long last, const uint16_t *kp,
+                          const uint16_t *vp, float log2_scale, uint16_t *out, long out_stride, float *s,
+                          uint16_t *p)
 {
     const long T16 = (T + 15) / 16 * 16, T32 = (T + 31) / 32 * 32;
     uint16_t queries[16 * WIDTH] __attribute__((aligned(64)));
     float sums[16 * WIDTH] __attribute__((aligned(64)));
     float inverse[16];
-    pack_keys(k, stride, T, T16, kp);
-    pack_values(v, stride, T, T32, vp);
-    for (long m0 = 0; m0 < T; m0 += 16) {
+    for (long m0 = first * 16; m0 < last * 16 && m0 < T; m0 += 16) {
         const long rows = T - m0 < 16 ? T - m0 : 16;
         for (long r = 0; r < 16; r++) {
             if (r < rows) memcpy(queries + r * WIDTH, q + (m0 + r) * stride, WIDTH * 2);
@@ -219,30 +219,40 @@ int wkv_encoder_attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t
 {
 #ifdef WKV_AMX_BF16
     if (!amx_permitted() || T < 1) return 0;
-    const long T16 = (T + 15) / 16 * 16, T32 = (T + 31) / 32 * 32;
+    const long T16 = (T + 15) / 16 * 16, T32 = (T + 31) / 32 * 32, heads_all = windows * heads;
+    const long packed = (T16 + T32) * WIDTH; /* one head's keys and values */
+    const long chunks = (T16 / 16 + CHUNK - 1) / CHUNK;
     const float log2_scale = scale * 1.4426950408889634f;
+    uint16_t *kv = aligned_alloc(64, (size_t)(heads_all * packed * 2));
+    if (!kv) return -1;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        uint16_t *kp = aligned_alloc(64, (size_t)T16 * WIDTH * 2);
-        uint16_t *vp = aligned_alloc(64, (size_t)T32 * WIDTH * 2);
+#pragma omp for schedule(static)
+        for (long job = 0; job < heads_all; job++) {
+            const long at = job / heads * window_stride + job % heads * WIDTH;
+            pack_keys(k + at, stride, T, T16, kv + job * packed);
+            pack_values(v + at, stride, T, T32, kv + job * packed + T16 * WIDTH);
+        }
         float *s = aligned_alloc(64, (size_t)16 * T16 * 4);
         uint16_t *p = aligned_alloc(64, (size_t)16 * T32 * 2);
-        if (!kp || !vp || !s || !p) failed = 1;
+        if (!s || !p) failed = 1;
         else amx_configure();
-#pragma omp for schedule(static)
-        for (long job = 0; job < windows * heads; job++) {
+        /* query blocks in chunks, handed out as threads come free: a thread the system delays (a server's
+         * request threads share the cores) leaves its share to the others */
+#pragma omp for schedule(dynamic)
+        for (long item = 0; item < heads_all * chunks; item++) {
             if (failed) continue;
-            const long w = job / heads, h = job % heads, at = w * window_stride + h * WIDTH;
-            attend_head(q + at, k + at, v + at, stride, T, log2_scale, out + w * T * heads * WIDTH + h * WIDTH,
-                        heads * WIDTH, kp, vp, s, p);
+            const long job = item / chunks, chunk = item % chunks, w = job / heads, h = job % heads;
+            attend_blocks(q + w * window_stride + h * WIDTH, stride, T, chunk * CHUNK, (chunk + 1) * CHUNK,
+                          kv + job * packed, kv + job * packed + T16 * WIDTH, log2_scale,
+                          out + w * T * heads * WIDTH + h * WIDTH, heads * WIDTH, s, p);
         }
         if (!failed) _tile_release();
-        free(kp);
-        free(vp);
         free(s);
         free(p);
     }
+    free(kv);
     return failed ? -1 : 1;
 #else
     (void)q, (void)k, (void)v, (void)window_stride, (void)stride, (void)windows, (void)heads, (void)T;
