@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -82,17 +83,24 @@ def create_app(model: Any, scheduler: Any, settings: ServeSettings | None = None
     settings = settings or ServeSettings()
     lifecycle = Lifecycle(scheduler)
 
+    mel_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whisperkv-mel")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler.start()
         yield
         await run_in_threadpool(lifecycle.drain)
+        mel_thread.shutdown(wait=False)
 
     app = FastAPI(title="whisperkv", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.model = model
     app.state.scheduler = scheduler
     app.state.settings = settings
     app.state.lifecycle = lifecycle
+    # one thread makes every request's first log-Mel (``Job.prepare``), off the scheduler's thread: made in
+    # the request threads themselves, each thread's heap kept its STFT's freed buffers (+250 MB peak RSS
+    # for sixteen clients, ``benchmarks/serve.py``)
+    app.state.mel_thread = mel_thread
     app.state.metrics = ServeMetrics(scheduler.stats)
     install_error_handlers(app)
     app.include_router(routes_audio.router)

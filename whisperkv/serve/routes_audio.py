@@ -41,7 +41,8 @@ def _refuse_if_shutting_down(request: Request) -> None:
 
 
 def _submit(request: Request, audio: np.ndarray, options: dict) -> JobHandle:
-    """Make the job (options checked, log-Mel computed: blocking, so in a worker thread) and queue it.
+    """Make the job (options checked, its first log-Mel made by the app's Mel thread: blocking, so in a
+    worker thread) and queue it.
 
     Sampling (temperature > 0, fallback) draws from the job's own generator seeded with
     ``SAMPLING_SEED``: a request's answer is reproducible, and equals ``transcribe()`` run alone after
@@ -56,7 +57,7 @@ def _submit(request: Request, audio: np.ndarray, options: dict) -> JobHandle:
             f"req-{uuid.uuid4().hex}",
             generator=torch.Generator().manual_seed(SAMPLING_SEED),
         )
-        job.prepare()
+        request.app.state.mel_thread.submit(job.prepare).result()
         return scheduler.submit_job(job)
     except engine_errors.WhisperKVError as err:
         raise _engine_error(request, err) from None
