@@ -52,6 +52,12 @@ def _in_thread(name: str, fn: Callable[[], Any]) -> asyncio.Future:
     return future
 
 
+def _abandon(future: asyncio.Future) -> None:
+    """Nobody will read this future (its client left): read its error when it lands, or asyncio logs
+    "Future exception was never retrieved" with the cancelled job's traceback."""
+    future.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -67,9 +73,11 @@ async def wait_for_result(handle: Any, receive: Receive | None) -> dict:
         if result.done():
             return result.result()
         handle.cancel()
+        _abandon(result)
         raise ClientDisconnected(handle.request_id)
     except asyncio.CancelledError:
         handle.cancel()
+        _abandon(result)
         raise
     finally:
         watcher.cancel()
