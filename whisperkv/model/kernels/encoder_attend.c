@@ -133,42 +133,24 @@ static void attend_blocks(const uint16_t *q, long stride, long T, long first, lo
         }
         _tile_loadd(4, queries, WIDTH * 2);      /* the width's first 32 */
         _tile_loadd(5, queries + 32, WIDTH * 2); /* and its last 32 */
-        const long blocks = T16 / 16;
+        /* the scores of 16 keys (key block b) into tile t, stored to row block b of s: two tiles alternate,
+         * so one's products run while the other's are stored (tile numbers must be constants) */
+#define SCORES(t, b)                                                                                     \
+    do {                                                                                                 \
+        _tile_zero(t);                                                                                   \
+        _tile_loadd(6, kp + (b) * 2 * TILE, 64);                                                         \
+        _tile_dpbf16ps(t, 4, 6);                                                                         \
+        _tile_loadd(7, kp + ((b) * 2 + 1) * TILE, 64);                                                   \
+        _tile_dpbf16ps(t, 5, 7);                                                                         \
+        _tile_stored(t, s + (b) * 16, T16 * 4);                                                          \
+    } while (0)
         long block = 0;
-        for (; block + 4 <= blocks; block += 4) { /* four sums in flight: the tiles' latency overlaps */
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            _tile_loadd(6, kp + (block * 2 + 0) * TILE, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, kp + (block * 2 + 1) * TILE, 64);
-            _tile_dpbf16ps(0, 5, 7);
-            _tile_loadd(6, kp + (block * 2 + 2) * TILE, 64);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(7, kp + (block * 2 + 3) * TILE, 64);
-            _tile_dpbf16ps(1, 5, 7);
-            _tile_loadd(6, kp + (block * 2 + 4) * TILE, 64);
-            _tile_dpbf16ps(2, 4, 6);
-            _tile_loadd(7, kp + (block * 2 + 5) * TILE, 64);
-            _tile_dpbf16ps(2, 5, 7);
-            _tile_loadd(6, kp + (block * 2 + 6) * TILE, 64);
-            _tile_dpbf16ps(3, 4, 6);
-            _tile_loadd(7, kp + (block * 2 + 7) * TILE, 64);
-            _tile_dpbf16ps(3, 5, 7);
-            _tile_stored(0, s + block * 16, T16 * 4);
-            _tile_stored(1, s + block * 16 + 16, T16 * 4);
-            _tile_stored(2, s + block * 16 + 32, T16 * 4);
-            _tile_stored(3, s + block * 16 + 48, T16 * 4);
+        for (; block + 2 <= T16 / 16; block += 2) {
+            SCORES(0, block);
+            SCORES(1, block + 1);
         }
-        for (; block < blocks; block++) {
-            _tile_zero(0);
-            _tile_loadd(6, kp + (block * 2) * TILE, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, kp + (block * 2 + 1) * TILE, 64);
-            _tile_dpbf16ps(0, 5, 7);
-            _tile_stored(0, s + block * 16, T16 * 4);
-        }
+        if (block < T16 / 16) SCORES(0, block);
+#undef SCORES
         for (long r = 0; r < 16; r++) inverse[r] = softmax_row(s + r * T16, T, T32, log2_scale, p + r * 32);
         _tile_zero(0);
         _tile_zero(1);
