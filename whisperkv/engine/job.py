@@ -112,7 +112,7 @@ class Job:
         return decode.get("beam_size") or 1
 
     def prepare(self) -> None:
-        """Make the first window's log-Mel now, in the calling thread (a server's request thread), so the
+        """Make the first window's log-Mel now, in the calling thread (the server's Mel thread), so the
         model's thread starts on the encoder: sixteen served clips' Mels were ~5 % of the scheduler
         thread's time. The same numbers either way: the source keeps what it computed."""
         self.source.mel(0, min(N_FRAMES, self.content_frames))

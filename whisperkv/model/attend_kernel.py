@@ -244,7 +244,8 @@ def use_attention_kernels(
         step_rows = use_int8_step(model.decoder, on=kernel is not None and rows)
     caches = int8 and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
-    # the bfloat16 encoder head by head, but where the CPU has AMX: there SDPA's bfloat16 path is faster
+    # the bfloat16 encoder in AMX's tiles where the CPU has them (else SDPA's bfloat16 path, faster there
+    # than head by head), head by head where it has not
     if head_by_head is None:
         head_by_head = not cpu_has_amx_bf16()
     bfloat16_encoder = int8 and on and model.encoder_dtype == torch.bfloat16

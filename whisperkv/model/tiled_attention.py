@@ -2,9 +2,10 @@
 
 Why: a window's self-attention (1,500 x 1,500 scores a head) was 40 % of the int8 type's encoder through
 SDPA's bfloat16 path (~10 ms a layer for tiny.en), and the encoder is most of a served short clip's time.
-The C kernel takes one head of one window per thread: scores in tiles, the softmax over each whole row in
-float32, the probabilities rounded to bfloat16 (as SDPA's bfloat16 path does) times the values in tiles,
-and writes each window's output straight into [B, T, d] (no transpose). A window's numbers depend on
+The C kernel packs each head's keys and values once, then threads take 128 queries of a head at a time:
+scores in tiles, the softmax over each whole row in float32, the probabilities rounded to bfloat16 (as
+SDPA's bfloat16 path does) times the values in tiles, each window's output written straight into [B, T, d]
+(no transpose). A window's numbers depend on
 nothing else in the batch, nor on the thread count. Not SDPA's bits: its slow twin is SDPA, and both are
 held to a float32 reference (tests); the int8 type's words are measured (``benchmarks/bench.py``).
 """

@@ -3,13 +3,13 @@
  * A window's self-attention is 1,500 queries x 1,500 keys per head. PyTorch's SDPA (its CPU flash
  * kernel) took ~10 ms a layer here for tiny.en's six heads: 40 % of the int8 type's encoder. Here each
  * head's keys and values of each window are packed once into the tiles' pair layout, then threads take
- * 128 queries of one head at a time; for each block of 16 queries, the 16 x T scores come from two tile products per 16
- * keys, the softmax runs over the whole row in float32 (AVX-512, exponent by a degree-6 polynomial),
- * the probabilities are rounded to bfloat16 (as SDPA's bfloat16 path rounds them before its product
- * with the values) and multiply the values in tiles; each output row is divided by its sum and written
- * straight into [window, position, head x 64], the output projection's input, with no transpose.
- * The numbers are not SDPA's bits (other sum orders, another exponent): the twin is SDPA, tested
- * close against a float32 reference, and the int8 type's words are measured (benchmarks/bench.py).
+ * 128 queries of one head at a time. For each block of 16 queries, the 16 x T scores come from two tile
+ * products per 16 keys, the softmax runs over the whole row in float32 (AVX-512, the exponent by a
+ * degree-5 polynomial), the probabilities are rounded to bfloat16 (as SDPA's bfloat16 path rounds them
+ * before its product with the values) and multiply the values in tiles; each output row is divided by
+ * its sum and written straight into [window, position, head x 64], the output projection's input, with
+ * no transpose. The numbers are not SDPA's bits (other sum orders, another exponent): the twin is SDPA,
+ * tested close against a float32 reference, and the int8 type's words are measured (benchmarks/bench.py).
  * Built by model/attend_kernel.py into the kernels' library. */
 #include <float.h>
 #include <stdint.h>
