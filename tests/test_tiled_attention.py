@@ -10,6 +10,7 @@ import torch
 from tests.conftest import SPEECH_DIR, torch_threads
 from whisperkv.metrics import normalize_text, word_errors
 from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
+from whisperkv.model.attention import attend
 from whisperkv.model.tiled_attention import TiledEncoderAttention
 
 HEAD = 64
@@ -30,13 +31,6 @@ def _views(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, t
     return q, k.view(b, t, heads, HEAD).transpose(1, 2), v.view(b, t, heads, HEAD).transpose(1, 2)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    b, t, d = q.shape
-    qh = q.view(b, t, k.shape[1], HEAD).transpose(1, 2)
-    out = torch.nn.functional.scaled_dot_product_attention(qh, k, v)
-    return out.transpose(1, 2).reshape(b, t, d)
-
-
 SHAPES = [(1, 6, 1500), (2, 8, 1500), (1, 6, 17), (3, 4, 100), (1, 6, 2)]  # windows, heads, positions
 
 
@@ -50,9 +44,9 @@ def test_as_close_to_float32_as_sdpas_bfloat16_path(tiles, windows, heads, posit
     assert tiles.accepts(q, k, v, None)
     got = tiles(q, k, v)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape and got.is_contiguous()
-    want = _sdpa(*(x.float() for x in (q, k, v)))
+    want = attend(*(x.float() for x in (q, k, v)))
     ours = (got.float() - want).abs()
-    sdpa = (_sdpa(q, k, v).float() - want).abs()
+    sdpa = (attend(q, k, v).float() - want).abs()
     assert ours.mean() <= 1.1 * sdpa.mean() + 1e-5, (ours.mean(), sdpa.mean())
     assert ours.max() <= 1.5 * sdpa.max() + 1e-3, (ours.max(), sdpa.max())
 
@@ -81,7 +75,7 @@ def test_it_takes_only_what_it_computes(tiles):
     separate = [torch.randn(2, 40, 6 * HEAD, generator=g).bfloat16() for _ in range(3)]
     q2, k2, v2 = separate[0], *(x.view(2, 40, 6, HEAD).transpose(1, 2) for x in separate[1:])
     assert tiles.accepts(q2, k2, v2, None)
-    want = _sdpa(q2.float(), k2.float(), v2.float())
+    want = attend(q2.float(), k2.float(), v2.float())
     assert (tiles(q2, k2, v2).float() - want).abs().max() < 3e-2
 
 
