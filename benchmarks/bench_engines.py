@@ -38,6 +38,7 @@ class WhisperKV(Engine):
         calls: bool = False,
         head_by_head: bool = False,
         sdpa_encoder: bool = False,
+        torch_linears: bool = False,
     ) -> None:
         import torch
 
@@ -55,6 +56,8 @@ class WhisperKV(Engine):
             use_attention_kernels(self.model, head_by_head=True)
         if sdpa_encoder:  # the int8 type's bfloat16 encoder through SDPA, as before round 18 with AMX
             use_attention_kernels(self.model, tiles=False)
+        if torch_linears:  # the int8 type's encoder linears through PyTorch, as in round 18 with AMX
+            use_attention_kernels(self.model, linears=False)
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
 
@@ -76,6 +79,7 @@ class WhisperKV(Engine):
         if encoder_attention is not None:
             tiles = type(encoder_attention).__name__ == "TiledEncoderAttention"
             layout += ", encoder amx tiles" if tiles else ", encoder head by head"
+            layout += " + linears" if self.model.encoder.blocks[0].tiles is not None else ""
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
         self.name += " no hold" if batched and not hold_end else ""
@@ -250,9 +254,11 @@ ENGINES = (
     "whisperkv-int8-pytorch",
     "whisperkv-int8-headbyhead",
     "whisperkv-int8-sdpaencoder",
+    "whisperkv-int8-torchlinears",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-int8-sdpaencoder",
+    "whisperkv-batched-int8-torchlinears",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
     "whisperkv-batched-int8-nohold",
@@ -266,7 +272,7 @@ ENGINES = (
 
 
 #: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
-TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead", "-sdpaencoder")
+TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead", "-sdpaencoder", "-torchlinears")
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -289,6 +295,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             calls=spec.endswith("-calls"),
             head_by_head=spec.endswith("-headbyhead"),
             sdpa_encoder=spec.endswith("-sdpaencoder"),
+            torch_linears=spec.endswith("-torchlinears"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"

@@ -37,22 +37,24 @@ def median_ms(fn, repeats: int, inner: int = 5) -> float:
     return statistics.median(times) * 1e3
 
 
-def _encoder_against_its_twin(model, mel: torch.Tensor, repeats: int) -> tuple[float, float] | None:
-    """The int8 type's encoder per window with its attention in AMX tiles and with SDPA (its twin),
-    alternated run by run (medians, ms); None where the encoder does not attend in tiles."""
+def _encoder_against_its_twins(model, mel: torch.Tensor, repeats: int) -> dict[str, float] | None:
+    """The int8 type's encoder per window as it runs (attention and linears in AMX tiles), with PyTorch's
+    linears (round 18's), and with SDPA and PyTorch's linears (the tiles' twin, round 17's), alternated
+    run by run (medians, ms); None where the encoder does not attend in tiles."""
     from whisperkv.model.attend_kernel import use_attention_kernels
 
     if type(model.encoder.blocks[0].attn.kernel).__name__ != "TiledEncoderAttention":
         return None
-    times: dict[bool, list[float]] = {True: [], False: []}
+    ways = {"tiles": {}, "linears": {"linears": False}, "sdpa": {"tiles": False}}
+    times: dict[str, list[float]] = {way: [] for way in ways}
     try:
         for _ in range(repeats):
-            for tiles in (True, False):
-                use_attention_kernels(model, tiles=tiles)
-                times[tiles].append(median_ms(lambda: model.embed_audio(mel[None]), 1, inner=1))
+            for way, options in ways.items():
+                use_attention_kernels(model, **options)
+                times[way].append(median_ms(lambda: model.embed_audio(mel[None]), 1, inner=1))
     finally:
         use_attention_kernels(model)
-    return statistics.median(times[True]), statistics.median(times[False])
+    return {way: statistics.median(t) for way, t in times.items()}
 
 
 def _bandwidth_gb_s(mb: int = 400, repeats: int = 9) -> float:
@@ -185,9 +187,9 @@ def main() -> int:
                 )
             apply_layout(decoder, chosen)
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
-        encoder_twin_ms = _encoder_against_its_twin(model, mel, max(3, args.repeats // 3))
-        if encoder_twin_ms is not None:
-            encoder_ms, encoder_twin_ms = encoder_twin_ms
+        encoder_twins = _encoder_against_its_twins(model, mel, max(3, args.repeats // 3))
+        if encoder_twins is not None:
+            encoder_ms = encoder_twins["tiles"]
 
     _, timings = choose_layout(model.dims.n_vocab, model.dims.n_text_state)
     attention = "SDPA" if model.decoder.attention_kernel is None else "the C kernel (decoder steps)"
@@ -204,8 +206,9 @@ def main() -> int:
         print(f"{name:<48}{ms:>10.3f}")
     print(f"{'sum of the layers':<48}{layers:>10.3f}")
     print(f"{'encoder per 30 s window':<48}{encoder_ms:>10.1f}")
-    if encoder_twin_ms is not None:
-        print(f"{'  the same, attention by SDPA (the tiles twin)':<48}{encoder_twin_ms:>10.1f}")
+    if encoder_twins is not None:
+        print(f"{'  the same, linears by PyTorch (round 18)':<48}{encoder_twins['linears']:>10.1f}")
+        print(f"{'  the same, SDPA and PyTorch (the tiles twin)':<48}{encoder_twins['sdpa']:>10.1f}")
     if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
         _int8_step_shares(engine_step, args.repeats)
         return 0

@@ -42,6 +42,7 @@ import torch
 from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.model.tiled_attention import TiledEncoderAttention
+from whisperkv.model.tiled_linear import EncoderBlockTiles, TiledEncoderLinear
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -51,14 +52,14 @@ if TYPE_CHECKING:
 #: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``) and a block's whole
 #: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``), and the beam step's
 #: Self-KV reorder (``cache/reorder.py``), and the int8 type's encoder attention in AMX tiles
-#: (``model/tiled_attention.py``)
+#: (``model/tiled_attention.py``) and linears (``model/tiled_linear.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c", "block_step.c")
-    + ("int8_block_step.c", "reorder.c", "encoder_attend.c")
+    + ("int8_block_step.c", "reorder.c", "encoder_attend.c", "encoder_linear.c")
 )
 #: what the sources include: part of the built library's name, so a change to it rebuilds
-HEADERS = (Path(__file__).with_name("kernels") / "amx.h",)
+HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("amx.h", "avx512_math.h"))
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
@@ -200,6 +201,7 @@ def use_attention_kernels(
     rows: bool = True,
     head_by_head: bool | None = None,
     tiles: bool = True,
+    linears: bool = True,
 ) -> None:
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
@@ -211,7 +213,9 @@ def use_attention_kernels(
     (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
     faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). With
     AMX it runs in the kernels' bfloat16 tiles (``model/tiled_attention.py``, round 18) unless ``tiles``
-    is False (then SDPA, its twin). The float32 encoder keeps SDPA.
+    is False (then SDPA, its twin), and so do its linears with their bias, GELU and residual add
+    (``model/tiled_linear.py``, round 19) unless ``linears`` or ``tiles`` is False (then PyTorch's, their
+    twin). The float32 encoder keeps SDPA and PyTorch's linears.
 
     The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
     (``model/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
@@ -255,12 +259,16 @@ def use_attention_kernels(
     encoder_attention = (
         TiledEncoderAttention(kernel.library) if tiled else HeadByHeadAttention() if head_by_head else None
     )
+    linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
+    linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
     for block in model.encoder.blocks:
         block.attn.kernel = encoder_attention
+        block.tiles = EncoderBlockTiles(TiledEncoderLinear(kernel.library), block) if linears else None
     if not int8 and kernel is None:
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
     decoder += ", linears kernel" if step_rows is not None else ""
     encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
+    encoder += ", linears tiles" if linears else ""
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"

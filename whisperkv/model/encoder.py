@@ -8,12 +8,16 @@ final LayerNorm.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from whisperkv.model.attention import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from whisperkv.model.tiled_linear import EncoderBlockTiles
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -37,8 +41,12 @@ class EncoderBlock(nn.Module):
         self.attn = MultiHeadAttention(n_state, n_head)
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
+        #: the int8 type's linears in AMX tiles (``model/tiled_linear.py``), or None: PyTorch's, the twin
+        self.tiles: EncoderBlockTiles | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            return self.tiles.forward(self, x)
         q, k, v = self.attn.project_qkv(self.attn_ln(x))
         x = x + self.attn.attend(q, k, v)
         return x + self.mlp(self.mlp_ln(x))

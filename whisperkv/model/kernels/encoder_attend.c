@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "amx.h"
+#include "avx512_math.h"
 
 #if defined(WKV_AMX_TILES) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #define WKV_AMX_BF16 1
@@ -27,20 +28,6 @@
 #define CHUNK 8      /* query blocks of 16 a thread takes at a time */
 
 #ifdef WKV_AMX_BF16
-/* 2^t for t <= 0 (far below 0 it is 0 or a denormal: nothing beside a row's largest term, 1). */
-static inline __m512 exp2_nonpositive(__m512 t)
-{
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n); /* [-0.5, 0.5]: 2^f by a polynomial, relative error 2e-7 */
-    __m512 p = _mm512_set1_ps(1.3400433e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6760374e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503272e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022107e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* Keys [T][64] (``stride`` elements apart) into tiles [T16/16][2][16 pairs][16 keys][2]: tile (block,
  * half) is the B operand of the scores of 16 keys over 32 of the width. Keys past T are 0. */
 static void pack_keys(const uint16_t *k, long stride, long T, long T16, uint16_t *packed)
