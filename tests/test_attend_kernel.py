@@ -181,7 +181,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds
     linears = ", linears kernel" if int8_model.decoder.blocks[0].step_rows is not None else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
-    names = ("head-by-head", "amx tiles, linears tiles", "amx tiles", "sdpa")
+    names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
     assert any(own.endswith(f"{decoder}{name})") for name in names), own
     assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:
@@ -283,14 +283,16 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, k
     if TiledEncoderAttention.available(kernel.library):
         ways.append(({"head_by_head": False, "linears": False}, TiledEncoderAttention, "encoder amx tiles)"))
     if TiledEncoderLinear.available(kernel.library):  # the linears too (``model/tiled_linear.py``)
-        ways.append(({"head_by_head": False}, TiledEncoderAttention, "encoder amx tiles, linears tiles)"))
+        ending = "encoder amx tiles, linears tiles, convolutions tiles)"
+        ways.append(({"head_by_head": False}, TiledEncoderAttention, ending))
     try:
         for options, kind, ending in ways:
             use_attention_kernels(int8_model, **options)
             assert all(type(b.attn.kernel) is kind for b in int8_model.encoder.blocks), options
             assert int8_model.weights_digest.endswith(ending), options
-            linears = ending.endswith("linears tiles)")
+            linears = ending.endswith("convolutions tiles)")
             assert all((b.tiles is not None) == linears for b in int8_model.encoder.blocks), options
+            assert (int8_model.encoder.front is not None) == linears, options
     finally:
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == digest

@@ -1,7 +1,8 @@
-"""The int8 type's bfloat16 encoder linears in AMX's tiles (``model/tiled_linear.py``): PyTorch's numbers
-(addmm, then its bfloat16 GELU or add) but where a sum or GELU's far negative tail rounds the other way, a
-row's numbers its own, only what it computes taken, weights packed again when they change, and the int8
-type's encoder and transcripts with it those of its twin, the PyTorch block."""
+"""The int8 type's bfloat16 encoder linears and convolutions in AMX's tiles (``model/tiled_linear.py``):
+PyTorch's numbers (addmm or its convolution, then its bfloat16 GELU or add) but where a sum or GELU's far
+negative tail rounds the other way, a row's numbers its own, only what it computes taken, weights packed
+again when they change, and the int8 type's encoder and transcripts with them those of its twin, the
+PyTorch block."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
 from whisperkv.model.tiled_linear import (
     BIAS,
     GELU,
+    GELU_RESIDUAL,
     RESIDUAL,
     EncoderBlockTiles,
+    EncoderFrontTiles,
     PackedLinear,
     TiledEncoderLinear,
 )
@@ -45,9 +48,10 @@ def _layer(rows: int, k: int, n: int, seed: int) -> tuple[torch.Tensor, ...]:
 
 
 def _pytorch(x, weight, bias, epilogue, residual):
-    """What the PyTorch block computes (the twin): addmm, then GELU or the residual add, in bfloat16."""
+    """What the PyTorch block computes (the twin): addmm, then GELU and/or the residual add, in bfloat16."""
     y = F.linear(x, weight, bias)
-    return F.gelu(y) if epilogue == GELU else residual + y if epilogue == RESIDUAL else y
+    y = F.gelu(y) if epilogue in (GELU, GELU_RESIDUAL) else y
+    return residual + y if epilogue in (RESIDUAL, GELU_RESIDUAL) else y
 
 
 # tiny.en's and base's four encoder linears, a few rows, rows past a block of 32, one row
@@ -56,7 +60,7 @@ SHAPES += [(1500, 2048, 512), (33, 384, 1536), (31, 64, 32), (1, 32, 64)]
 
 
 @pytest.mark.parametrize("rows,k,n", SHAPES)
-@pytest.mark.parametrize("epilogue", [BIAS, GELU, RESIDUAL])
+@pytest.mark.parametrize("epilogue", [BIAS, GELU, RESIDUAL, GELU_RESIDUAL])
 def test_pytorchs_numbers_but_for_a_sum_or_gelus_tail_rounding_the_other_way(tiles, rows, k, n, epilogue):
     """Every block of 32 rows and columns, tails of fewer: the output is PyTorch's bfloat16 number for
     all but a few elements, and those are the last bit of a rounding apart (a wrong pair, tile or row
@@ -66,7 +70,7 @@ def test_pytorchs_numbers_but_for_a_sum_or_gelus_tail_rounding_the_other_way(til
     want = _pytorch(x, weight, bias, epilogue, residual)
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     differ = got != want
-    assert differ.float().mean() <= (0.01 if epilogue == GELU else 0.001), differ.float().mean()
+    assert differ.float().mean() <= (0.001 if epilogue in (BIAS, RESIDUAL) else 0.01), differ.float().mean()
     # a sum rounded one bfloat16 step the other way, carried through GELU or the add: two steps at most
     # of the larger of the output and the linear's own output
     scale = torch.maximum(want.float().abs(), F.linear(x, weight, bias).float().abs()).clamp_min(1e-3)
@@ -117,6 +121,30 @@ def test_it_takes_only_what_it_computes(tiles):
     assert not TiledEncoderLinear.takes(torch.nn.Linear(80, 384).bfloat16())  # not a multiple of 32
 
 
+def test_the_convolutions_in_tiles_are_pytorchs_but_for_a_sum_rounding_the_other_way(tiles, int8_model):
+    """The encoder's front (two convolutions read as overlapping rows, GELUs, positions) against PyTorch's
+    convolutions: two windows, each its own numbers, and PyTorch's but for a few elements a rounding away."""
+    _tiled(int8_model)
+    encoder, front = int8_model.encoder, int8_model.encoder.front
+    assert isinstance(front, EncoderFrontTiles)
+    g = torch.Generator().manual_seed(5)
+    mel = (torch.randn(2, 80, 3000, generator=g) * 0.5).bfloat16()
+    with torch.no_grad():
+        got, want = front.forward(encoder, mel), encoder.convolutions(mel)
+        alone = front.forward(encoder, mel[1:])
+        convolved = F.gelu(encoder.conv2(F.gelu(encoder.conv1(mel)))).transpose(1, 2).float().abs()
+    assert got.shape == want.shape == (2, 1500, 384) and got.dtype == torch.bfloat16
+    assert torch.equal(alone, got[1:])
+    assert (got != want).float().mean() < 0.001
+    # a sum one bfloat16 step the other way, through GELU and the positions' add: two steps at most of
+    # the larger of the output and the convolution's own
+    scale = torch.maximum(want.float().abs(), convolved).clamp_min(1e-3)
+    assert ((got.float() - want.float()).abs() <= scale * 2**-6).all()
+    assert not front.accepts(mel.float()) and not front.accepts(mel[..., :2998])
+    with pytest.raises(ValueError, match="3000 Mel frames"):  # the twin's words for a window not 30 s
+        encoder(mel[..., :2998])
+
+
 def _encoders(model, mel):
     outputs = {}
     try:
@@ -144,7 +172,7 @@ def _tiled(model) -> None:
 
 def test_the_int8_encoder_is_as_close_to_float32_with_them_as_without(tiles, int8_model, tiny_model, mel):
     _tiled(int8_model)
-    assert "linears tiles" in int8_model.weights_digest
+    assert "linears tiles, convolutions tiles" in int8_model.weights_digest
     with torch.no_grad():
         want = tiny_model.embed_audio(mel)
         outputs = _encoders(int8_model, mel.bfloat16())
@@ -162,6 +190,7 @@ def test_weights_changed_after_packing_are_packed_again(tiles, int8_model, mel):
     with torch.no_grad():
         before = model.embed_audio(mel.bfloat16())
         model.encoder.blocks[1].mlp[2].weight.mul_(0.5)
+        model.encoder.conv2.bias.add_(0.25)
         after = _encoders(model, mel.bfloat16())
     assert not torch.equal(after[True], before)
     assert (after[True].float() - after[False].float()).abs().mean() < 0.02

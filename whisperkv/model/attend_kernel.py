@@ -42,7 +42,7 @@ import torch
 from whisperkv.model.attention import HeadByHeadAttention
 from whisperkv.model.cpu_flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.model.tiled_attention import TiledEncoderAttention
-from whisperkv.model.tiled_linear import EncoderBlockTiles, TiledEncoderLinear
+from whisperkv.model.tiled_linear import EncoderBlockTiles, EncoderFrontTiles, TiledEncoderLinear
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -261,9 +261,12 @@ def use_attention_kernels(
     )
     linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
     linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
+    front = linears and EncoderFrontTiles.takes(model.encoder)
+    tiled_linear = TiledEncoderLinear(kernel.library) if linears else None
     for block in model.encoder.blocks:
         block.attn.kernel = encoder_attention
-        block.tiles = EncoderBlockTiles(TiledEncoderLinear(kernel.library), block) if linears else None
+        block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
+    model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
     if not int8 and kernel is None:
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
@@ -271,4 +274,5 @@ def use_attention_kernels(
     decoder += ", linears kernel" if step_rows is not None else ""
     encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
     encoder += ", linears tiles" if linears else ""
+    encoder += ", convolutions tiles" if front else ""
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"

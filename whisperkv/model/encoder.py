@@ -17,7 +17,7 @@ from torch import nn
 from whisperkv.model.attention import MultiHeadAttention
 
 if TYPE_CHECKING:
-    from whisperkv.model.tiled_linear import EncoderBlockTiles
+    from whisperkv.model.tiled_linear import EncoderBlockTiles, EncoderFrontTiles
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -60,8 +60,20 @@ class AudioEncoder(nn.Module):
         self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
         self.blocks = nn.ModuleList(EncoderBlock(n_state, n_head) for _ in range(n_layer))
         self.ln_post = nn.LayerNorm(n_state)
+        #: the int8 type's convolutions in AMX tiles (``model/tiled_linear.py``), or None: PyTorch's
+        self.front: EncoderFrontTiles | None = None
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        if self.front is not None and self.front.accepts(mel):
+            x = self.front.forward(self, mel)
+        else:
+            x = self.convolutions(mel)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)
+
+    def convolutions(self, mel: torch.Tensor) -> torch.Tensor:
+        """Log-Mel [B, n_mels, 3000] → [B, 1500, d]: the convolutions, GELUs and positions."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x))
         x = x.transpose(1, 2)  # [B, positions, d]
@@ -70,7 +82,4 @@ class AudioEncoder(nn.Module):
                 f"encoder expects {2 * self.positional_embedding.shape[0]} Mel frames, "
                 f"got {mel.shape[-1]} (pad or trim the window to 30 s)"
             )
-        x = x + self.positional_embedding.to(x.dtype)
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_post(x)
+        return x + self.positional_embedding.to(x.dtype)

@@ -1,6 +1,6 @@
 """The int8 type's bfloat16 encoder linears in AMX's bfloat16 tiles (``kernels/encoder_linear.c``), each
 with what follows it: its bias, then GELU (the MLP's first linear) or the residual add (the attention's
-output projection, the MLP's second).
+output projection, the MLP's second); and its two convolutions the same way (``EncoderFrontTiles``).
 
 Why: through PyTorch each of those linears is three passes over a 1,500-row output (the bias copied in,
 oneDNN's product added to it, GELU or the add as another pass), each into freshly allocated memory. The
@@ -23,9 +23,9 @@ from torch import nn
 from whisperkv.model.attention import heads
 
 if TYPE_CHECKING:
-    from whisperkv.model.encoder import EncoderBlock
+    from whisperkv.model.encoder import AudioEncoder, EncoderBlock
 
-BIAS, GELU, RESIDUAL = 0, 1, 2  # the kernel's epilogues
+BIAS, GELU, RESIDUAL, GELU_RESIDUAL = 0, 1, 2, 3  # the kernel's epilogues
 BLOCK = 32  # the kernel's output block: in and out features must be multiples of it
 
 
@@ -77,18 +77,29 @@ class TiledEncoderLinear:
         return linear.weight.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
 
     def __call__(
-        self, x: torch.Tensor, layer: PackedLinear, epilogue: int = BIAS, residual: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        layer: PackedLinear,
+        epilogue: int = BIAS,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` [..., in] (bfloat16) → [..., out]; ``residual`` [..., out] with ``RESIDUAL``."""
+        """``x`` [..., in] (bfloat16, rows evenly spaced, overlapping or not) → [..., out], into ``out``
+        when given (rows evenly spaced); ``residual`` [..., out] with ``RESIDUAL`` and ``GELU_RESIDUAL``."""
         if x.dtype != torch.bfloat16 or x.shape[-1] != layer.in_features:
             shape = f"bfloat16 [..., {layer.in_features}], not {x.dtype} {tuple(x.shape)}"
             raise ValueError(f"the tiled linear takes {shape}")
         rows = x.reshape(-1, layer.in_features)
         if rows.stride(1) != 1:
             rows = rows.contiguous()
-        out = torch.empty(*x.shape[:-1], layer.out_features, dtype=torch.bfloat16)
+        shape = (*x.shape[:-1], layer.out_features)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bfloat16)
+        elif out.shape != shape or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
+            raise ValueError(f"the output must be bfloat16 {shape} with unit column stride")
+        target = out.view(-1, layer.out_features)
         res, res_stride = None, 0
-        if epilogue == RESIDUAL:
+        if epilogue in (RESIDUAL, GELU_RESIDUAL):
             if residual is None or residual.shape != out.shape or residual.dtype != torch.bfloat16:
                 raise ValueError("the residual must be bfloat16 and shaped like the output")
             res = residual.reshape(-1, layer.out_features)
@@ -97,7 +108,7 @@ class TiledEncoderLinear:
         done = self._fn(
             rows.data_ptr(), rows.shape[0], layer.in_features, rows.stride(0), layer.weight.data_ptr(),
             layer.out_features, layer.bias.data_ptr(), epilogue, None if res is None else res.data_ptr(),
-            res_stride, out.data_ptr(), layer.out_features,
+            res_stride, target.data_ptr(), target.stride(0),
         )  # fmt: skip
         if done != 1:
             raise RuntimeError(f"the tiled encoder linear failed (status {done}: no tiles or no memory)")
@@ -138,6 +149,77 @@ class EncoderBlockTiles:
         x = self.linear(attended, self.out, RESIDUAL, x)
         hidden = self.linear(block.mlp_ln(x), self.fc1, GELU)
         return self.linear(hidden, self.fc2, RESIDUAL, x)
+
+
+class EncoderFrontTiles:
+    """The encoder's two convolutions (each with its GELU) and its positional embedding as tile products:
+    the fast twin of ``AudioEncoder.forward``'s first lines (PyTorch's convolutions, its twin).
+
+    A width-3 convolution over positions is a linear over three neighbouring positions' channels. Laid
+    out position by position (a row a position, a zero row either side for the padding), position t's
+    three neighbours are 3 x channels consecutive numbers from row t on, so the kernel reads the rows in
+    place, overlapping, with no copy; the second convolution (stride 2) starts a row at every other
+    position. The first writes its output in that layout, straight into the second's input; the second
+    adds the positional embedding as it finishes. Packed again if a weight changed since."""
+
+    def __init__(self, linear: TiledEncoderLinear, encoder: AudioEncoder) -> None:
+        self.linear = linear
+        self._pack(encoder)
+
+    @staticmethod
+    def takes(encoder: AudioEncoder) -> bool:
+        conv1, conv2 = encoder.conv1, encoder.conv2
+        return (
+            conv1.weight.dtype == conv2.weight.dtype == torch.bfloat16
+            and conv1.kernel_size == conv2.kernel_size == (3,)
+            and conv1.padding == conv2.padding == (1,)
+            and (conv1.stride, conv2.stride) == ((1,), (2,))
+            and conv1.out_channels % BLOCK == 0
+        )
+
+    def _sources(self, encoder: AudioEncoder) -> tuple:
+        tensors = [*encoder.conv1.parameters(), *encoder.conv2.parameters(), encoder.positional_embedding]
+        return tuple((t.data_ptr(), t._version) for t in tensors)
+
+    def _pack(self, encoder: AudioEncoder) -> None:
+        conv1, conv2 = encoder.conv1, encoder.conv2
+        width, mels = conv1.out_channels, conv1.in_channels
+        self.mels, self.width = mels, width
+        self.lanes = -(-mels // BLOCK) * BLOCK  # the Mel rows' channels padded to a multiple of 32
+        weight1 = conv1.weight.new_zeros(width, 3, self.lanes)
+        weight1[:, :, :mels] = conv1.weight.detach().permute(0, 2, 1)  # [out, neighbour, channel]
+        self.conv1 = PackedLinear.of(weight1.reshape(width, 3 * self.lanes), conv1.bias)
+        self.conv2 = PackedLinear.of(
+            conv2.weight.detach().permute(0, 2, 1).reshape(width, 3 * width), conv2.bias
+        )
+        self.positions = encoder.positional_embedding.to(torch.bfloat16).contiguous()  # as the twin adds it
+        self.sources = self._sources(encoder)
+
+    def accepts(self, mel: torch.Tensor) -> bool:
+        """bfloat16 log-Mel windows [B, mels, 2 x positions] (others go the twin's way, and its errors)."""
+        return (
+            mel.dtype == torch.bfloat16
+            and mel.dim() == 3
+            and mel.shape[1] == self.mels
+            and mel.shape[2] == 2 * self.positions.shape[0]
+        )
+
+    def forward(self, encoder: AudioEncoder, mel: torch.Tensor) -> torch.Tensor:
+        """[B, mels, frames] → [B, frames / 2, width]: GELU(conv2(GELU(conv1(mel)))) + positions."""
+        if self._sources(encoder) != self.sources:
+            self._pack(encoder)
+        windows, _, frames = mel.shape
+        lanes, width = self.lanes, self.width
+        padded = mel.new_zeros(windows, frames + 2, lanes)
+        padded[:, 1:-1, : self.mels] = mel.transpose(1, 2)
+        hidden = mel.new_zeros(windows, frames + 2, width)  # conv1's output, a zero row either side
+        out = mel.new_empty(windows, frames // 2, width)
+        for w in range(windows):  # the positional embedding is each window's
+            rows = padded[w].as_strided((frames, 3 * lanes), (lanes, 1))
+            self.linear(rows, self.conv1, GELU, out=hidden[w, 1:-1])
+            rows = hidden[w].as_strided((frames // 2, 3 * width), (2 * width, 1))
+            self.linear(rows, self.conv2, GELU_RESIDUAL, self.positions, out=out[w])
+        return out
 
 
 def _linears(block: EncoderBlock) -> tuple[nn.Linear, ...]:

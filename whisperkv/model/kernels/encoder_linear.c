@@ -6,8 +6,9 @@
  * the input at a time and makes their output 32 columns at a time in four float32 tiles (two of the
  * input's rows by two of the weight's columns, `tdpbf16ps` over the whole width), then finishes those
  * 32 x 32 while they are in its cache: bias added and rounded to bfloat16 (what addmm gives), GELU on
- * that, rounded again (what PyTorch's bfloat16 GELU gives), or the residual added, rounded again (its
- * bfloat16 add). The roundings are PyTorch's; only the products' sum order is not oneDNN's, so an
+ * that, rounded again (what PyTorch's bfloat16 GELU gives), and/or the residual added, rounded again (its
+ * bfloat16 add). The encoder's two convolutions are such products too, over overlapping rows of their
+ * input laid out position by position (model/tiled_linear.py). The roundings are PyTorch's; only the products' sum order is not oneDNN's, so an
  * output rounds the other way now and then: the twin is the PyTorch path, tested close against a
  * float32 reference; the int8 type's words are measured (benchmarks/bench.py).
  * Built by model/attend_kernel.py into the kernels' library. */
@@ -24,7 +25,7 @@
 
 #define TILE 512 /* bfloat16 elements in one 16 x 64-byte tile */
 
-enum { EPILOGUE_BIAS = 0, EPILOGUE_GELU = 1, EPILOGUE_RESIDUAL = 2 };
+enum { EPILOGUE_BIAS = 0, EPILOGUE_GELU = 1, EPILOGUE_RESIDUAL = 2, EPILOGUE_GELU_RESIDUAL = 3 };
 
 #ifdef WKV_AMX_BF16_LINEAR
 static inline __m512 widen(__m256i bf16) /* 16 bfloat16 to float32, exactly */
@@ -45,11 +46,12 @@ static void finish_block(const float *c, long rows, const float *bias, int epilo
     for (long r = 0; r < rows; r++)
         for (int j = 0; j < 32; j += 16) {
             __m256i y = narrow(_mm512_add_ps(_mm512_load_ps(c + r * 32 + j), _mm512_loadu_ps(bias + j)));
-            if (epilogue == EPILOGUE_GELU) {
+            if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) {
                 const __m512 v = widen(y);
                 const __m512 erf = erf_ps(_mm512_mul_ps(v, root_half));
                 y = narrow(_mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(erf, _mm512_set1_ps(1.0f))));
-            } else if (epilogue == EPILOGUE_RESIDUAL) {
+            }
+            if (epilogue == EPILOGUE_RESIDUAL || epilogue == EPILOGUE_GELU_RESIDUAL) {
                 const __m256i res = _mm256_loadu_si256((const __m256i *)(residual + r * res_stride + j));
                 y = narrow(_mm512_add_ps(widen(res), widen(y)));
             }
@@ -71,7 +73,8 @@ int wkv_encoder_linear_available(void)
 /* out[m][n] = epilogue(sum_k x[m][k] w[n][k] + bias[n]) for m < M, n < N, bfloat16 in and out: x row m at
  * x + m * x_stride; the weight packed as [N / 16][K / 32][16 pairs of k][16 n][2] (model/tiled_linear.py);
  * bias N float32 (bfloat16 values); epilogue 0 bias only, 1 GELU, 2 plus residual[m][n] (at
- * residual + m * res_stride). N and K multiples of 32. Returns 1, 0 where this build or process has no
+ * residual + m * res_stride), 3 GELU then plus the residual (the encoder's second convolution and its
+ * positional embedding). N and K multiples of 32. Returns 1, 0 where this build or process has no
  * AMX (``out`` untouched), -1 out of memory. */
 int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, const uint16_t *packed, long N,
                             const float *bias, int epilogue, const uint16_t *residual, long res_stride,
