@@ -4,7 +4,8 @@ with --max_batch 1 and against faster-whisper int8 behind a thread pool, all ove
     .venv/bin/python benchmarks/serve.py                          # everything (long: tens of minutes)
     .venv/bin/python benchmarks/serve.py --clients 16 --short 12 --no-long --leak-requests 200   # quick
 
-Each configuration runs as its own server process (model loaded once, load time excluded). At each level,
+Each configuration runs as its own server process (model loaded once, load time excluded; with --warmup N,
+N untimed rounds of one request per client first, for both engines alike). At each level,
 N client threads take requests from one shared list (the English clips of ../shared/data/speech, then the
 two long-form files) until it is empty, each posting the file's bytes as multipart and reading the JSON
 answer. Reported per level: audio seconds transcribed per wall second, p50/p95 request latency, and the
@@ -343,6 +344,13 @@ def main() -> None:
     parser.add_argument("--no-long", dest="long", action="store_false", help="leave out the long-form files")
     parser.add_argument("--configs", nargs="+", default=["fp32", "int8", "batch1", "fw"])
     parser.add_argument("--leak-requests", type=int, default=1000, help="0 skips the RSS check")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed rounds before each level (each client posts one request): a server's steady state, "
+        "not its first requests' one-off costs (0, the default, is how rounds up to 18 measured)",
+    )
     parser.add_argument("--faster-whisper-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--fw-workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -355,9 +363,9 @@ def main() -> None:
     print(machine_report())
     requests = load_requests(args.short, args.long)
     short_requests = [r for r in requests if r.seconds <= 30]
-    print(
-        f"workload per level: {len(requests)} requests, {sum(r.seconds for r in requests):.1f} s of audio\n"
-    )
+    warm = f"after {args.warmup} untimed round(s) per server and level" if args.warmup else "cold servers"
+    audio = sum(r.seconds for r in requests)
+    print(f"workload per level: {len(requests)} requests, {audio:.1f} s of audio; {warm}\n")
     cores = os.cpu_count() or 1
     plans = {
         "fp32": ("whisperkv float32", lambda port, n: whisperkv_command(port, "default", POOL)),
@@ -375,6 +383,8 @@ def main() -> None:
             name, command = plans[key]
             port = _free_port()
             with server(command(port, clients), port) as process:
+                for _ in range(args.warmup):  # untimed: every client posts one request, as the level will
+                    run_level(name, port, process.pid, clients, requests[:clients])
                 result = run_level(name, port, process.pid, clients, requests)
             results.append(result)
             print_table([result])
