@@ -34,6 +34,13 @@
 #define MAXIN 5120 /* input width: Whisper's widest (large's MLP, 4 x 1280); sums stay < 255*127*5120 */
 #define AMX_GROUPS 3 /* 16-row groups per pass over a weight block: 3 sums + 3 rows + 1 weight tile of 8 */
 #define AMX_MIN_ROWS 2 /* fewer rows: VNNI (one row through a 16-row tile wastes what VNNI does not) */
+/* Weight blocks ahead whose lines a thread asks for while it multiplies one, in matrices of STREAMED
+ * bytes or more (the vocabulary: 20 MB for tiny.en, read from memory every step; the hardware's own
+ * prefetcher stops at each 4 KB page, which a block of in x 16 bytes crosses). A hint only: the same
+ * sums. benchmarks/int8_kernels.py --against 6eff07a: the vocabulary for 1 row 1049-1186 against
+ * 1356-1393 us; the layers' small matrices were slower with it (31-33 against 38-42 us warm). */
+#define AHEAD 2
+#define STREAMED (4L << 20)
 
 /* Weights [out, in] (int8, row-major) into blocks [ceil(out/16)][in/4][16][4]; rows past ``out`` are 0. */
 void wkv_int8_pack(const int8_t *w, long out, long in, int8_t *packed)
@@ -268,6 +275,7 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
     memset(xq + R * in, 0, (size_t)((padded - R) * in));
     const long blocks = (out + LANES - 1) / LANES;
     const long chunk = amx ? 16 * AMX_GROUPS : ROWS;
+    const int stream = out * in >= STREAMED;
 #pragma omp parallel
     {
 #ifdef WKV_AMX
@@ -276,6 +284,8 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
 #pragma omp for schedule(static)
         for (long b = 0; b < blocks; b++) {
             const int8_t *block = packed + b * (in / 4) * LANES * 4;
+            if (stream && b + AHEAD < blocks) /* a later block's lines asked for now: see AHEAD */
+                for (long byte = 0; byte < in * LANES; byte += 64) __builtin_prefetch(block + AHEAD * in * LANES + byte);
             const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
             int32_t sums[16 * AMX_GROUPS][LANES] __attribute__((aligned(64)));
             for (long r0 = 0; r0 < R; r0 += chunk) {
