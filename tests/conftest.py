@@ -64,6 +64,27 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: three English clips whose words a change of the int8 type's numbers is checked on
+INT8_CLIPS = ("en/jfk.flac", "en/ls_1089-134686-0000.flac", "en/lj_LJ001-0007.flac")
+
+
+def int8_words(model, **options) -> list[str]:  # noqa: ANN001 - a whisperkv model
+    """``INT8_CLIPS``' normalised transcripts with ``use_attention_kernels(model, **options)``; the
+    model's own kernels restored afterwards."""
+    import whisperkv
+    from whisperkv.metrics import normalize_text
+    from whisperkv.model.attend_kernel import use_attention_kernels
+
+    try:
+        use_attention_kernels(model, **options)
+        return [
+            normalize_text(whisperkv.transcribe(model, whisperkv.load_audio(SPEECH_DIR / clip))["text"])
+            for clip in INT8_CLIPS
+        ]
+    finally:
+        use_attention_kernels(model)
+
+
 def speech_manifest() -> list[dict]:
     """Rows of ../shared/data/speech/manifest.tsv (empty when the set is absent)."""
     manifest = SPEECH_DIR / "manifest.tsv"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import SPEECH_DIR, torch_threads
-from whisperkv.metrics import normalize_text, word_errors
-from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
+from tests.conftest import int8_words, torch_threads
+from whisperkv.metrics import word_errors
+from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.attention import attend
 from whisperkv.model.tiled_attention import TiledEncoderAttention
 
@@ -83,20 +83,9 @@ def test_the_int8_types_transcripts_with_tiles_are_those_with_sdpa(tiles, int8_m
     """Real speech, the int8 type's whole model: its words with the tiles and with SDPA's bfloat16 path.
     An approximation's words, so at most one of them differs: on round 18's Xeon, lj_LJ001-0007's
     "Gutenberg" (a name) came out "gudenberg" with the tiles and "guttenburg" with SDPA."""
-    import whisperkv
-
     if not isinstance(int8_model.encoder.blocks[0].attn.kernel, TiledEncoderAttention):
         pytest.skip("this int8 model's encoder is not bfloat16 here")
-    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac", "en/lj_LJ001-0007.flac"]
-    texts = {}
-    try:
-        for use_tiles in (True, False):
-            use_attention_kernels(int8_model, tiles=use_tiles, linears=False)  # the attention alone
-            texts[use_tiles] = [
-                normalize_text(whisperkv.transcribe(int8_model, whisperkv.load_audio(SPEECH_DIR / c))["text"])
-                for c in clips
-            ]
-    finally:
-        use_attention_kernels(int8_model)
+    # the attention alone: the linears through PyTorch both ways
+    texts = {on: int8_words(int8_model, tiles=on, linears=False) for on in (True, False)}
     assert texts[True][0] == texts[False][0]  # jfk
     assert sum(word_errors(a, b)[0] for a, b in zip(texts[False], texts[True], strict=True)) <= 1

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import SPEECH_DIR, torch_threads
-from whisperkv.metrics import normalize_text, word_errors
+from tests.conftest import SPEECH_DIR, int8_words, torch_threads
+from whisperkv.metrics import word_errors
 from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
 from whisperkv.model.tiled_linear import (
     BIAS,
@@ -200,19 +200,7 @@ def test_the_int8_types_transcripts_with_them_are_the_twins(tiles, int8_model):
     """Real speech, the int8 type's whole model: its words with the tiled linears and with PyTorch's. An
     approximation's words, so a few may differ: on round 19's Xeon, ls_1089-134686-0000's "fattened sauce"
     came out "fat and sauce" with the tiles and "fatened sauce" without (two edits); jfk's are equal."""
-    import whisperkv
-
     _tiled(int8_model)
-    clips = ["en/jfk.flac", "en/ls_1089-134686-0000.flac", "en/lj_LJ001-0007.flac"]
-    texts = {}
-    try:
-        for linears in (True, False):
-            use_attention_kernels(int8_model, linears=linears)
-            texts[linears] = [
-                normalize_text(whisperkv.transcribe(int8_model, whisperkv.load_audio(SPEECH_DIR / c))["text"])
-                for c in clips
-            ]
-    finally:
-        use_attention_kernels(int8_model)
+    texts = {on: int8_words(int8_model, linears=on) for on in (True, False)}
     assert texts[True][0] == texts[False][0]  # jfk
     assert sum(word_errors(a, b)[0] for a, b in zip(texts[False], texts[True], strict=True)) <= 2, texts

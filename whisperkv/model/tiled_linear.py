@@ -6,8 +6,9 @@ Why: through PyTorch each of those linears is three passes over a 1,500-row outp
 oneDNN's product added to it, GELU or the add as another pass), each into freshly allocated memory. The
 kernel finishes every 32 x 32 block of the output while its products are still in the cache, with
 PyTorch's roundings to bfloat16 in PyTorch's order (bias, then GELU or the add), so the output is
-PyTorch's but where a sum in another order rounds the other way. Its slow twin is the PyTorch block
-(``use_attention_kernels(model, tiles=False)``); both are held to a float32 reference (tests), and the
+PyTorch's but where a sum in another order rounds the other way, or GELU's far negative tail does (its
+erf is not PyTorch's). Its slow twin is the PyTorch block (``use_attention_kernels(model,
+linears=False)``); the tests hold the two to each other, the encoder's output to float32's, and the
 int8 type's words are measured (``benchmarks/bench.py``).
 """
 
@@ -212,7 +213,9 @@ class EncoderFrontTiles:
         lanes, width = self.lanes, self.width
         padded = mel.new_zeros(windows, frames + 2, lanes)
         padded[:, 1:-1, : self.mels] = mel.transpose(1, 2)
-        hidden = mel.new_zeros(windows, frames + 2, width)  # conv1's output, a zero row either side
+        hidden = mel.new_empty(windows, frames + 2, width)  # conv1's output, a zero row either side
+        hidden[:, 0].zero_()
+        hidden[:, -1].zero_()
         out = mel.new_empty(windows, frames // 2, width)
         for w in range(windows):  # the positional embedding is each window's
             rows = padded[w].as_strided((frames, 3 * lanes), (lanes, 1))
