@@ -38,7 +38,8 @@
  * bytes or more (the vocabulary: 20 MB for tiny.en, read from memory every step; the hardware's own
  * prefetcher stops at each 4 KB page, which a block of in x 16 bytes crosses). A hint only: the same
  * sums. benchmarks/int8_kernels.py --against 6eff07a: the vocabulary for 1 row 1049-1186 against
- * 1356-1393 us; the layers' small matrices were slower with it (31-33 against 38-42 us warm). */
+ * 1356-1393 us; the layers' small matrices gained nothing (they measured 10-20 % slower with it, and
+ * about as much once it was left out for them: the benchmark's own order). */
 #define AHEAD 2
 #define STREAMED (4L << 20)
 
