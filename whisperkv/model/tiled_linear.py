@@ -15,6 +15,7 @@ int8 type's words are measured (``benchmarks/bench.py``).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -129,8 +130,7 @@ class EncoderBlockTiles:
         return all(TiledEncoderLinear.takes(layer) for layer in _linears(block))
 
     def _sources(self, block: EncoderBlock) -> tuple:
-        params = [p for layer in _linears(block) for p in layer.parameters()]
-        return tuple((p.data_ptr(), p._version) for p in params)
+        return _fingerprint(p for layer in _linears(block) for p in layer.parameters())
 
     def _pack(self, block: EncoderBlock) -> None:
         weight, bias = block.attn.qkv_parameters()
@@ -179,8 +179,9 @@ class EncoderFrontTiles:
         )
 
     def _sources(self, encoder: AudioEncoder) -> tuple:
-        tensors = [*encoder.conv1.parameters(), *encoder.conv2.parameters(), encoder.positional_embedding]
-        return tuple((t.data_ptr(), t._version) for t in tensors)
+        return _fingerprint(
+            [*encoder.conv1.parameters(), *encoder.conv2.parameters(), encoder.positional_embedding]
+        )
 
     def _pack(self, encoder: AudioEncoder) -> None:
         conv1, conv2 = encoder.conv1, encoder.conv2
@@ -223,6 +224,12 @@ class EncoderFrontTiles:
             rows = hidden[w].as_strided((frames // 2, 3 * width), (2 * width, 1))
             self.linear(rows, self.conv2, GELU_RESIDUAL, self.positions, out=out[w])
         return out
+
+
+def _fingerprint(tensors: Iterable[torch.Tensor]) -> tuple:
+    """What a packed copy was made from: each tensor's memory and in-place version (both tile classes
+    pack again when it changes)."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def _linears(block: EncoderBlock) -> tuple[nn.Linear, ...]:
