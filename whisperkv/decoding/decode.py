@@ -23,6 +23,7 @@ import torch
 from whisperkv.cache.kv import CrossKV, DecoderCache
 from whisperkv.cache.provenance import EncoderProvenance
 from whisperkv.cache.store import check_reuse
+from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.logit_filters import (
     LogitFilter,
     SuppressBlank,
@@ -200,6 +201,7 @@ def decode_windows(
         n_group = 1
         searcher = GreedySearch(0.0, tokenizer.eot)
 
+    choice = GreedyChoice.for_window(searcher, filters)  # ``decoding/greedy_choice.py``
     n_audio = audio_features.shape[0]
     audio_features = audio_features.to(model.device, model.dtype)
     tokens = torch.tensor([prompt] * (n_audio * n_group), device=model.device)
@@ -245,10 +247,7 @@ def decode_windows(
         if bounds is not None:
             sampled = tokens[:, sample_begin:]
             hold_end_of_text(logits, sampled, bounds, tokenizer.timestamp_begin, tokenizer.eot)
-        logprobs = None
-        for f in filters:  # the last filter's log-softmax, if it made one, is the search's too
-            logprobs = f.apply(logits, tokens)
-        tokens, completed, sources = searcher.update(tokens, logits, sum_logprobs, logprobs)
+        tokens, completed, sources = choose_next(choice, filters, searcher, tokens, logits, sum_logprobs)
         if step_tokens is not None:
             step_tokens.append(tokens[:, -1].tolist())
         if sources is not None and cache is not None:

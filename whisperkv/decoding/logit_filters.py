@@ -91,26 +91,41 @@ class TimestampRules(LogitFilter):
 
     def suppress(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """The rules that follow from the tokens alone (``apply`` adds the forced timestamp)."""
-        ts = self.ts
-        logits[:, self.no_timestamps] = NEG_INF
+        n = logits.shape[1]
         for row, sampled in enumerate(tokens[:, self.sample_begin :].tolist()):  # one copy, not one a row
-            last_is_ts = len(sampled) >= 1 and sampled[-1] >= ts
-            penultimate_is_ts = len(sampled) < 2 or sampled[-2] >= ts
-            if last_is_ts:
-                if penultimate_is_ts:  # a pair just closed (or it opened the text): text must follow
-                    logits[row, ts:] = NEG_INF
-                else:  # a single timestamp after text: close it with a timestamp or end of text
-                    logits[row, : self.eot] = NEG_INF
-            stamps = [t for t in sampled if t >= ts]
-            if stamps:
-                # never go back in time; after a closing stamp, the next one must be strictly later
-                floor = stamps[-1] if (last_is_ts and not penultimate_is_ts) else stamps[-1] + 1
-                logits[row, ts:floor] = NEG_INF
+            for lo, hi in self.row_ranges(sampled, n):
+                logits[row, lo:hi] = NEG_INF
+        for lo, hi in self.common_ranges(tokens.shape[1] == self.sample_begin, n):
+            logits[:, lo:hi] = NEG_INF
 
-        if tokens.shape[1] == self.sample_begin:
-            logits[:, :ts] = NEG_INF  # the first token is a timestamp
+    def row_ranges(self, sampled: list[int], n: int) -> list[tuple[int, int]]:
+        """The id ranges [lo, hi) a row's own sampled tokens rule out (of ``n`` ids). The one statement of
+        these rules: ``suppress`` and the fused greedy step (``decoding/greedy_choice.py``) both read it."""
+        ts = self.ts
+        ranges = []
+        last_is_ts = len(sampled) >= 1 and sampled[-1] >= ts
+        penultimate_is_ts = len(sampled) < 2 or sampled[-2] >= ts
+        if last_is_ts:
+            if penultimate_is_ts:  # a pair just closed (or it opened the text): text must follow
+                ranges.append((ts, n))
+            else:  # a single timestamp after text: close it with a timestamp or end of text
+                ranges.append((0, self.eot))
+        last_stamp = next((t for t in reversed(sampled) if t >= ts), None)
+        if last_stamp is not None:
+            # never go back in time; after a closing stamp, the next one must be strictly later
+            floor = last_stamp if (last_is_ts and not penultimate_is_ts) else last_stamp + 1
+            ranges.append((ts, min(floor, n)))
+        return ranges
+
+    def common_ranges(self, at_start: bool, n: int) -> list[tuple[int, int]]:
+        """The id ranges every row rules out: <|notimestamps|>; at the first sampled token, all text (it is
+        a timestamp) and timestamps after ``max_initial_timestamp``."""
+        ranges = [(self.no_timestamps, self.no_timestamps + 1)]
+        if at_start:
+            ranges.append((0, self.ts))  # the first token is a timestamp
             if self.max_initial_index is not None:
-                logits[:, ts + self.max_initial_index + 1 :] = NEG_INF
+                ranges.append((min(self.ts + self.max_initial_index + 1, n), n))
+        return ranges
 
 
 def hold_end_of_text(

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from whisperkv.decoding.greedy_choice import GreedyChoice
 from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
+from whisperkv.decoding.search import GreedySearch
 from whisperkv.model.vocab import ChunkedRowProjection
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ class ScreenedGreedy:
         #: per step, in order: (hidden row, token prefix length, timestamp forced?, token, finished?)
         self.records: list[tuple[torch.Tensor, int, bool, int, bool]] = []
         self.fallbacks = 0  # steps the screen could not decide (the full step chose)
+        #: the full step's log-probabilities (``decoding/greedy_choice.py``) for the deferred sums
+        self.choice = GreedyChoice.for_window(GreedySearch(0.0, eot), filters)
 
     def choose(self, hidden: torch.Tensor, rows: ScreenedRows, row: int, tokens: torch.Tensor) -> int:
         """The token the full greedy step chooses for one row, given its hidden state [d], the screen's
@@ -160,6 +164,9 @@ class ScreenedGreedy:
                 logits = _products(hidden, self.screen.table)
             for row, (_, length, force, token, finished) in zip(logits, records):  # in step order
                 row = row[None]  # its own filters, in place
+                if self.choice is not None:  # the full step's own filters, choice and log-probability
+                    self.choice.update(tokens[:, :length], row, total)
+                    continue
                 for f in self.filters:
                     f.suppress(row, tokens[:, :length])
                 if force:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from whisperkv.decoding.decode import cache_report, check_options, plan_decode
+from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.screened import ScreenedGreedy, can_screen
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
@@ -91,6 +92,8 @@ class WindowDecode:
         else:
             self.n_group = 1
             self.searcher = GreedySearch(0.0, tokenizer.eot)
+        #: greedy at temperature 0: filters and choice in one pass (``decoding/greedy_choice.py``)
+        self.choice = GreedyChoice.for_window(self.searcher, self.filters)
         self.tokens = torch.tensor([prompt] * self.n_group, device=model.device)
         # one row until the prompt is in: ``prefill`` copies it to every beam / sample row
         self.cache = model.decoder.new_cache(window.cross_kv, batch_size=1)
@@ -176,11 +179,8 @@ class WindowDecode:
                 self.cache.truncate(self.cache.offset - (len(guesses) - taken))
 
     def _advance(self, logits: torch.Tensor) -> None:
-        logprobs = None
-        for f in self.filters:  # the last filter's log-softmax, if it made one, is the search's too
-            logprobs = f.apply(logits, self.tokens)
-        self.tokens, completed, sources = self.searcher.update(
-            self.tokens, logits, self.sum_logprobs, logprobs
+        self.tokens, completed, sources = choose_next(
+            self.choice, self.filters, self.searcher, self.tokens, logits, self.sum_logprobs
         )
         if sources is not None:
             self.cache.reorder(sources.to(self.model.device))  # beams follow their parents' Self-KV

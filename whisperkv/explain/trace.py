@@ -20,6 +20,7 @@ import torch
 
 from whisperkv.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperkv.decoding.decode import logit_filters, plan_decode
+from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.decoding.search import BeamSearch, GreedySearch, rank
 from whisperkv.timing import alignment_matrix
@@ -209,6 +210,7 @@ def _replay(model: Whisper, tokenizer: Tokenizer, cross_kv: list, options: Decod
         n_group, searcher = options.beam_size, BeamSearch(options.beam_size, tokenizer.eot, options.patience)
     else:
         n_group, searcher = 1, GreedySearch(0.0, tokenizer.eot)
+    choice = GreedyChoice.for_window(searcher, filters)
     tokens = torch.tensor([prompt] * n_group, device=model.device)
     cache = model.decoder.new_cache(cross_kv, batch_size=n_group)
     sum_logprobs = torch.zeros(n_group)
@@ -218,9 +220,7 @@ def _replay(model: Whisper, tokenizer: Tokenizer, cross_kv: list, options: Decod
         t0 = time.perf_counter()
         logits = model.decoder(new, cache, positions=[sot_index, sample_begin - 1] if step == 0 else None)
         logits = logits[:, -1].clone()
-        for f in filters:
-            f.apply(logits, tokens)
-        tokens, completed, sources = searcher.update(tokens, logits, sum_logprobs)
+        tokens, completed, sources = choose_next(choice, filters, searcher, tokens, logits, sum_logprobs)
         if sources is not None:
             if not torch.equal(sources.cpu(), torch.arange(len(sources))):
                 reorders.append(step)

@@ -52,11 +52,12 @@ if TYPE_CHECKING:
 #: (``model/vocab_screen.py``), the float32 step's linears (``model/step_rows.py``) and a block's whole
 #: step (``model/block_step.py``), and the int8 type's (``model/int8_step.py``), and the beam step's
 #: Self-KV reorder (``cache/reorder.py``), and the int8 type's encoder attention in AMX tiles
-#: (``model/tiled_attention.py``) and linears (``model/tiled_linear.py``)
+#: (``model/tiled_attention.py``) and linears (``model/tiled_linear.py``), and a greedy step's filters
+#: and token choice (``decoding/greedy_choice.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "screen.c", "rows_f32.c", "block_step.c")
-    + ("int8_block_step.c", "reorder.c", "encoder_attend.c", "encoder_linear.c")
+    + ("int8_block_step.c", "reorder.c", "encoder_attend.c", "encoder_linear.c", "greedy_choice.c")
 )
 #: what the sources include: part of the built library's name, so a change to it rebuilds
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("amx.h", "avx512_math.h"))

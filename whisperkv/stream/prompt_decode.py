@@ -19,6 +19,7 @@ import torch
 from whisperkv.cache.provenance import SelfKVProvenance
 from whisperkv.cache.store import EncodedWindow
 from whisperkv.decoding.decode import check_options, plan_decode
+from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.options import DecodingOptions, DecodingResult, compression_ratio
 from whisperkv.decoding.search import GreedySearch
 
@@ -61,6 +62,7 @@ def decode_greedy(
     n_ctx = model.dims.n_text_ctx
     prompt, sample_len, sample_begin, sot_index, filters = plan_decode(model, tokenizer, options)
     searcher = GreedySearch(options.temperature, tokenizer.eot, generator)
+    choice = GreedyChoice.for_window(searcher, filters)  # as ``decode_windows`` chooses
 
     tokens = torch.tensor([prompt], device=model.device)
     cache = model.decoder.new_cache(window.cross_kv, batch_size=1)
@@ -81,9 +83,7 @@ def decode_greedy(
     sum_logprobs = torch.zeros(1)
     for _ in range(sample_len):
         logits = logits[:, -1].clone()
-        for f in filters:
-            f.apply(logits, tokens)
-        tokens, completed, _ = searcher.update(tokens, logits, sum_logprobs)
+        tokens, completed, _ = choose_next(choice, filters, searcher, tokens, logits, sum_logprobs)
         if completed or tokens.shape[-1] > n_ctx:
             break
         logits = model.decoder(tokens[:, -1:], cache)
