@@ -39,6 +39,7 @@ class WhisperKV(Engine):
         head_by_head: bool = False,
         sdpa_encoder: bool = False,
         torch_linears: bool = False,
+        torch_choice: bool = False,
     ) -> None:
         import torch
 
@@ -58,6 +59,11 @@ class WhisperKV(Engine):
             use_attention_kernels(self.model, tiles=False)
         if torch_linears:  # the int8 type's encoder linears through PyTorch, as in round 18 with AMX
             use_attention_kernels(self.model, linears=False)
+        if torch_choice:  # a greedy step's filters and choice through PyTorch, as before round 20 (this
+            # worker process only: the fused step asks for its kernel at each window)
+            import whisperkv.decoding.greedy_choice as greedy_choice
+
+            greedy_choice._kernel_fn = lambda: None
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
 
@@ -83,6 +89,7 @@ class WhisperKV(Engine):
         self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
         self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
         self.name += " no hold" if batched and not hold_end else ""
+        self.name += " torch choice" if torch_choice else ""
         self.name += " system heap" if os.environ.get("WHISPERKV_HEAP") == "system" else ""
         self.batched, self.vad, self.hold_end = batched, vad, hold_end
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
@@ -249,12 +256,14 @@ ENGINES = (
     "whisperkv-fp32-unscreened",
     "whisperkv-fp32-sysheap",
     "whisperkv-fp32-calls",
+    "whisperkv-fp32-torchchoice",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-int8-pytorch",
     "whisperkv-int8-headbyhead",
     "whisperkv-int8-sdpaencoder",
     "whisperkv-int8-torchlinears",
+    "whisperkv-int8-torchchoice",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-int8-sdpaencoder",
@@ -272,7 +281,17 @@ ENGINES = (
 
 
 #: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
-TWINS = ("-sdpa", "-gemm", "-sysheap", "-calls", "-pytorch", "-headbyhead", "-sdpaencoder", "-torchlinears")
+TWINS = (
+    "-sdpa",
+    "-gemm",
+    "-sysheap",
+    "-calls",
+    "-pytorch",
+    "-headbyhead",
+    "-sdpaencoder",
+    "-torchlinears",
+    "-torchchoice",
+)
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
@@ -296,6 +315,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             head_by_head=spec.endswith("-headbyhead"),
             sdpa_encoder=spec.endswith("-sdpaencoder"),
             torch_linears=spec.endswith("-torchlinears"),
+            torch_choice=spec.endswith("-torchchoice"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
