@@ -22,7 +22,7 @@ from whisperkv.decoding.logit_filters import SuppressBlank, SuppressTokens, Time
 from whisperkv.decoding.search import BeamSearch, GreedySearch
 from whisperkv.model.attend_kernel import SOURCES
 
-from .conftest import speech_audio
+from .conftest import require_oracle, speech_audio
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the kernel")
@@ -103,6 +103,43 @@ def test_the_fused_step_chooses_the_twins_tokens_with_accurate_log_probabilities
         forced += token >= TS
         text += token < TS
     assert forced > 10 and text > 10  # both kinds of step were compared
+
+
+@pytest.mark.oracle
+def test_the_fused_step_chooses_the_references_token():
+    """openai-whisper's own filters and greedy choice on the same rows: the same token, its
+    log-probability within PyTorch's float32 error of ours."""
+    whisper = require_oracle("whisper")
+    from whisper.decoding import ApplyTimestampRules
+    from whisper.decoding import SuppressBlank as ReferenceBlank
+    from whisper.decoding import SuppressTokens as ReferenceTokens
+
+    tokenizer = whisper.tokenizer.get_tokenizer(False)
+    assert (tokenizer.timestamp_begin, tokenizer.eot, tokenizer.no_timestamps) == (TS, EOT, NO_TS)
+    suppressed = [1, 2, 7, 8, 9, 50, 51, 50_257, 50_358, 50_359, 50_360, 50_361, NO_TS]
+    reference = [
+        ReferenceBlank(tokenizer, BEGIN),
+        ReferenceTokens(suppressed),
+        ApplyTimestampRules(tokenizer, BEGIN, 50),
+    ]
+    choice = GreedyChoice.for_window(GreedySearch(0.0, EOT), _filters())
+    compared = 0
+    for x, tokens in _rows():
+        theirs = x.clone()
+        for f in reference:
+            f.apply(theirs, tokens)
+        if bool(torch.isinf(theirs).all()):
+            continue
+        token = int(theirs.argmax(dim=-1)[0])
+        fused_sum = torch.zeros(1)
+        got, _, _ = choice.update(tokens, x.clone(), fused_sum)
+        if int(tokens[0, -1]) == EOT:
+            assert int(got[0, -1]) == EOT
+            continue
+        assert int(got[0, -1]) == token
+        assert abs(float(fused_sum[0]) - float(torch.log_softmax(theirs, dim=-1)[0, token])) < 1e-4
+        compared += 1
+    assert compared > 100
 
 
 def test_a_near_tie_of_the_timestamp_rule_goes_to_the_twin():
