@@ -15,23 +15,34 @@ from whisperkv.heap import OPT_OUT, _mallopt, keep_freed_blocks
 
 pytestmark = pytest.mark.skipif(_mallopt() is None, reason="mallopt is glibc's")
 
-#: minor page faults of a transcription of a clip after the first (run as a script in a subprocess too)
+#: the fewest minor page faults of three transcriptions of a clip after the first (in a subprocess)
 SCRIPT = """
 import resource, sys
 import whisperkv
 model = whisperkv.load_model("tiny.en")
 model.transcribe(sys.argv[1])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-model.transcribe(sys.argv[1])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model.transcribe(sys.argv[1])
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(faults))
 """
 
 
 def _transcribe_faults(model, clip: str) -> int:  # noqa: ANN001 - a loaded Whisper
+    """The fewest minor page faults of three transcriptions after the first (as ``SCRIPT`` counts them).
+
+    Why the fewest, not the second's alone: with the settings most later transcriptions take 0 pages,
+    but now and then one takes a few thousand (2,250 in one of three in a process here; 4,468 once in a
+    CI worker that had run other test files first); without them none of three took fewer than 6,000."""
     model.transcribe(clip)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    model.transcribe(clip)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    faults = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        model.transcribe(clip)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return min(faults)
 
 
 def test_a_loaded_models_later_windows_take_a_fraction_of_the_pages(tiny_model, speech_dir) -> None:
@@ -47,7 +58,10 @@ def test_a_loaded_models_later_windows_take_a_fraction_of_the_pages(tiny_model, 
     )
     defaults = int(out.stdout.strip().splitlines()[-1])
     kept = _transcribe_faults(tiny_model, clip)
-    assert defaults > 2000
+    # glibc's defaults, the fewest of three: 6,187-24,102 in round 20's scratch runs (a lone second
+    # transcription took 1,680 in two test runs that round and 17,311 in a CI run: glibc's own sliding
+    # threshold moves with what the process freed before)
+    assert defaults > 1000
     assert kept < defaults / 4, (kept, defaults)
 
 
