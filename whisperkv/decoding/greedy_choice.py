@@ -201,12 +201,7 @@ class GreedyChoice:
                 next_tokens[r], chosen[r] = self._twin_row(tokens[r : r + 1], logits[r : r + 1])
             else:
                 next_tokens[r], chosen[r] = decided[0], decided[1]
-        finished = tokens[:, -1].numpy() == self.searcher.eot
-        sums = sum_logprobs.numpy()
-        sums += chosen * ~finished
-        next_tokens[finished] = self.searcher.eot
-        tokens = torch.cat([tokens, torch.from_numpy(next_tokens)[:, None]], dim=-1)
-        return tokens, bool((next_tokens == self.searcher.eot).all()), None
+        return self.searcher.take(tokens, next_tokens, chosen, sum_logprobs)
 
     def _twin(
         self, tokens: torch.Tensor, logits: torch.Tensor, sum_logprobs: torch.Tensor

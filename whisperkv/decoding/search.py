@@ -85,6 +85,14 @@ class GreedySearch:
         (about 45 here, round 14); ``through_numpy=False`` is its twin in the tests."""
         next_tokens = np.argmax(logits.numpy(), axis=-1)
         chosen = logprobs.numpy()[np.arange(len(next_tokens)), next_tokens]
+        return self.take(tokens, next_tokens, chosen, sum_logprobs)
+
+    def take(
+        self, tokens: torch.Tensor, next_tokens: np.ndarray, chosen: np.ndarray, sum_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, None]:
+        """The rows' chosen tokens [rows] (int64) and their log-probabilities [rows] (float32) taken: each
+        added into ``sum_logprobs`` (contiguous float32, written through NumPy) but a finished row's, which
+        keeps emitting end of text. Also the fused greedy step's end (``decoding/greedy_choice.py``)."""
         finished = tokens[:, -1].numpy() == self.eot
         sums = sum_logprobs.numpy()
         sums += chosen * ~finished
