@@ -61,7 +61,12 @@ SOURCES = tuple(
 )
 #: what the sources include: part of the built library's name, so a change to it rebuilds
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("amx.h", "avx512_math.h"))
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+#: ``-mprefer-vector-width=512``: gcc vectorises the plain C loops (a softmax's sums, the twins' dot
+#: products) 512 bits wide on every AVX-512 CPU. Without it the width followed what ``-march=native``
+#: named the CPU: a VM whose CPU gcc 12 took for a Rocket Lake got 256-bit loops (its tuning), one it did
+#: not know got 512 (the generic tuning), and the attention kernel's register loops, written in the
+#: order of the 512-bit plain loops, no longer gave their bits on the first (round 21).
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 HEAD = 64  # every Whisper model's head width
 MAX_ROWS = 16  # query rows per window the kernel takes (MAXQ in attend.c)
 MAX_POSITIONS = 1500  # cached positions it attends over (MAXT): the audio context, the text one is 448
