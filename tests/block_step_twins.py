@@ -45,6 +45,7 @@ def assert_one_call_per_block_is_the_twin(
     calls = []
     call = step_class.__call__
     monkeypatch.setattr(step_class, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
+    monkeypatch.setattr(decoder, "decoder_step", None)  # the blocks' calls, not the whole step's one
     fused = decode_steps(decoder, cross, rows, steps)
     assert len(calls) == steps * len(decoder.blocks)
     kept = [block.block_step for block in decoder.blocks]

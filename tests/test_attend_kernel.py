@@ -197,7 +197,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
     float32 = tiny_model.weights_digest
-    assert float32.endswith("+attention(decoder kernel, linears kernel, encoder sdpa)")
+    assert float32.endswith("+attention(decoder kernel, linears kernel, final norm kernel, encoder sdpa)")
     assert float32.count("+attention(") == 1
     try:
         use_attention_kernels(tiny_model, rows=False)  # the step's linears through the row GEMMs

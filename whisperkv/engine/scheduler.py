@@ -284,7 +284,11 @@ class Scheduler:
         that need them (one product), the int8 screen for greedy rows (``decoding/screened.py``)."""
         decoder = self.model.decoder
         try:
-            hidden = decoder.forward_rows([g for _, groups in chunk for g in groups], project=False)
+            groups = [g for _, window_groups in chunk for g in window_groups]
+            if all(a.rows.screened is None for a, _ in chunk):  # every row's logits: the common step
+                self._advance_chunk(chunk, decoder.forward_rows(groups), None, None, None)
+                return
+            hidden = decoder.forward_rows(groups, project=False)
             sizes = [[tokens.shape[0] for tokens, _ in groups] for _, groups in chunk]
             starts = [0]
             for group_sizes in sizes:
@@ -292,11 +296,9 @@ class Scheduler:
             full = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is None]
             screened = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is not None]
             logits = screened_rows = None
-            if full:  # every row of the chunk (no screen: the common step) or only those rows, gathered
-                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full]) if screened else None
-                logits = decoder.project(
-                    hidden if rows is None else hidden[rows], [n for i in full for n in sizes[i]]
-                )
+            if full:  # the other windows' rows, gathered: every logit
+                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full])
+                logits = decoder.project(hidden[rows], [n for i in full for n in sizes[i]])
             if screened:
                 assert decoder.vocab_screen is not None
                 screened_rows = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
@@ -304,15 +306,31 @@ class Scheduler:
             for entry, _ in chunk:
                 self._fail(entry, err)
             return
-        at = 0
-        for i, (entry, _) in enumerate(chunk):
-            n = starts[i + 1] - starts[i]
+        self._advance_chunk(chunk, logits, hidden, screened_rows, screened)
+
+    def _advance_chunk(
+        self,
+        chunk: list[tuple[_Active, list]],
+        logits: torch.Tensor | None,
+        hidden: torch.Tensor | None,
+        screened_rows: Any,
+        screened: list[int] | None,
+    ) -> None:
+        """Each window of the chunk takes its step's tokens: from its rows of ``logits`` (the unscreened
+        windows' rows, in chunk order), or (a screened window) from its first row of ``hidden`` (every
+        window's rows, in chunk order) and the screen's ``screened_rows``."""
+        at = taken = 0  # the window's first row in ``hidden``; in ``logits``
+        for i, (entry, groups) in enumerate(chunk):
+            n = sum(tokens.shape[0] for tokens, _ in groups)
+            first, at = at, at + n
+            full = entry.rows.screened is None
+            if full:
+                rows, taken = logits[taken : taken + n], taken + n  # counted even if this window fails
             try:
-                if entry.rows.screened is None:
-                    entry.rows.advance(logits[at : at + n])
-                    at += n
+                if full:
+                    entry.rows.advance(rows)
                 else:
-                    entry.rows.advance_screened(hidden[starts[i]], screened_rows, screened.index(i))
+                    entry.rows.advance_screened(hidden[first], screened_rows, screened.index(i))
             except Exception as err:  # noqa: BLE001
                 self._fail(entry, err)
 

@@ -23,10 +23,12 @@ from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.model.attention import AttentionKernel, MultiHeadAttention, heads
 from whisperkv.model.encoder import mlp
 from whisperkv.model.row_gemm import linear_rows
+from whisperkv.model.vocab import ChunkedRowProjection
 from whisperkv.model.vocab_screen import VocabScreen
 
 if TYPE_CHECKING:
     from whisperkv.model.block_step import BlockStep
+    from whisperkv.model.decoder_step import DecoderStep
     from whisperkv.model.draft import DraftDecoder
     from whisperkv.model.int8_step import Int8StepRows
     from whisperkv.model.step_rows import StepRowsKernel
@@ -182,6 +184,9 @@ class TextDecoder(nn.Module):
         self.vocab_screen: VocabScreen | None = None
         #: the int8 draft whose guesses greedy steps check two at a time (``model/draft.py``), or None
         self.draft: DraftDecoder | None = None
+        #: with the blocks' one-call steps: a whole step of one cache in one C call
+        #: (``model/decoder_step.py``), or None
+        self.decoder_step: DecoderStep | None = None
 
     @property
     def attention_kernel(self) -> AttentionKernel | None:
@@ -233,7 +238,26 @@ class TextDecoder(nn.Module):
         return embedded + positions.to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        if self._norm_in_kernel(x):  # the LayerNorm inside the projection's call, as the C step does
+            return self.logits_projection(x, sizes, norm=self.ln)
         return self.project(self.ln(x), sizes)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm of rows ``x``: the projection kernel's where it projects them (the bits
+        ``_logits`` and the one-call step project), else PyTorch's."""
+        if self._norm_in_kernel(x):
+            return self.logits_projection.kernel.layer_norm(x, self.ln)
+        return self.ln(x)
+
+    def _norm_in_kernel(self, x: torch.Tensor) -> bool:
+        """Whether the float32 step's kernel projects ``x`` (``model/step_rows.py``): then it also
+        normalises them, with the LayerNorm it gives every block's linears."""
+        return (
+            isinstance(self.logits_projection, ChunkedRowProjection)
+            and self.logits_projection.kernel is not None
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+        )
 
     def project(self, hidden: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         """Logits of rows already through the final LayerNorm: the tied vocabulary projection."""
@@ -274,6 +298,10 @@ class TextDecoder(nn.Module):
         the caches' row groups (``model/row_gemm.py``) so that no row's numbers depend on the other
         caches in the step.
         """
+        if project and len(groups) == 1 and self.decoder_step is not None:  # one cache: one C call
+            logits = self.decoder_step.logits(self, *groups[0])
+            if logits is not None:
+                return logits
         sizes = [tokens.shape[0] for tokens, _ in groups]
         positions = _positions(groups)
         x = torch.cat([self._embed(tokens, at) for (tokens, _), at in zip(groups, positions, strict=True)])
@@ -287,7 +315,7 @@ class TextDecoder(nn.Module):
         for tokens, cache in groups:
             cache.record_tokens(tokens)
         if not project:
-            return self.ln(x)[:, -1]
+            return self._final_norm(x)[:, -1]
         return self._logits(x, sizes)[:, -1]
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.block_step import use_block_step
+from whisperkv.model.decoder_step import load_decoder_step
 
 LANES = 16  # the input width must be a multiple of it (LANES in rows_f32.c)
 
@@ -46,6 +47,11 @@ class StepRowsKernel:
         #: the same for float16 weights, widened exactly in the kernel (``half_copy``)
         self._half = library.wkv_rows_f32_half
         self._half.restype, self._half.argtypes = ctypes.c_int, self._rows.argtypes
+        #: the LayerNorm the kernel gives its rows, alone (one row a call)
+        self._norm = library.wkv_layer_norm
+        self._norm.restype = None
+        pointer = ctypes.c_void_p
+        self._norm.argtypes = [pointer, ctypes.c_long, pointer, pointer, ctypes.c_float, pointer]
 
     def __deepcopy__(self, memo: dict) -> StepRowsKernel:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -79,6 +85,19 @@ class StepRowsKernel:
         rows = self._half if weight.dtype == torch.float16 else self._rows
         pointers = (weight.data_ptr(), bias.data_ptr() if bias is not None else None)
         return call_rows(rows, x, pointers, weight.shape[0], norm, gelu, residual, "the step rows kernel")
+
+    def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """``norm(x)`` as this kernel normalises the rows of a call with ``norm`` (float32 rows, the width
+        a multiple of ``LANES``): where the final LayerNorm's rows are projected apart from it (the
+        vocabulary screen's rows, ``TextDecoder.forward_rows(project=False)``), the same bits."""
+        width = x.shape[-1]
+        rows = x.reshape(-1, width).contiguous()
+        out = torch.empty_like(rows)
+        weight, bias = norm.weight.data_ptr(), norm.bias.data_ptr()
+        step = width * rows.element_size()
+        for r in range(rows.shape[0]):
+            self._norm(rows.data_ptr() + r * step, width, weight, bias, norm.eps, out.data_ptr() + r * step)
+        return out.view(x.shape)
 
     def through(
         self,
@@ -167,6 +186,7 @@ def use_step_rows(decoder: nn.Module, on: bool = True) -> StepRowsKernel | None:
     for block in decoder.blocks:
         block.step_rows = kernel
     use_block_step(decoder, on=kernel is not None)  # a lone window's step: a block in one call
+    decoder.decoder_step = load_decoder_step() if kernel is not None else None  # ... and the whole step
     _store_linears(decoder, half=kernel is not None)
     projection = decoder.logits_projection
     if hasattr(projection, "rows_of"):  # the rows-gemm vocabulary projection: the same kernel, or GEMMs

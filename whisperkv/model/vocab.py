@@ -97,12 +97,18 @@ class ChunkedRowProjection(nn.Module):
         #: each logit one fixed-order dot product, read at memory speed; None: the chunked GEMMs
         self.kernel: StepRowsKernel | None = None
 
-    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sizes: list[int] | None = None, norm: nn.LayerNorm | None = None
+    ) -> torch.Tensor:
+        """Logits of rows ``x``; ``norm`` first when given (inside the kernel's call where it runs)."""
+        if self.kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            rows = x.reshape(-1, x.shape[-1])
+            return self.kernel(rows, self.weight, None, norm=norm).reshape(*x.shape[:-1], -1)
+        if norm is not None:
+            x = norm(x)
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return x @ self.weight.to(x.dtype).T
         rows = x.reshape(-1, x.shape[-1])
-        if self.kernel is not None:
-            return self.kernel(rows, self.weight, None).reshape(*x.shape[:-1], -1)
         return rows_times(self.weight, rows, self.widths, sizes).reshape(*x.shape[:-1], -1)
 
     def rows_of(self, table_rows: torch.Tensor, hidden_row: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@
  * new position each (or, chained, consecutive positions of one cache row: a speculative check),
  * float16-held weights (both bundled models), float32 caches.
  * Built by model/attend_kernel.py with the other kernels. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -91,4 +92,71 @@ int wkv_block_step_chain(const struct wkv_block *p, float *x, long n, float *sel
 {
     return block_step(p, x, n, self_k, self_v, length, sb, sh, st, cross_k, cross_v, cb_rows, T, cb, ch, ct, work,
                       scale, 1);
+}
+
+/* A whole decoder's parameters for wkv_decoder_step (set once per model by model/decoder_step.py). */
+struct wkv_decoder {
+    const struct wkv_block *const *blocks; /* [layers] */
+    long layers;
+    const half *table;      /* the tied token table [vocab, d], float16 values (step_rows.half_copy) */
+    long vocab;
+    const float *positions; /* the positional embedding [n_ctx, d] */
+    long n_ctx;
+    const float *ln_w, *ln_b; /* the final LayerNorm */
+    float ln_eps;
+};
+
+/* float16 bits → float32, exactly (every float16 is a float32) */
+static float widen_half(half h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0x1f) bits = sign | 0x7f800000u | (mantissa << 13); /* infinities, NaNs */
+    else if (exponent) bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else { /* zero or subnormal: mantissa × 2^-24, exact in float32 */
+        const float magnitude = ldexpf((float)mantissa, -24);
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* For a test: count float16 values widened into out. */
+void wkv_widen_half(const half *in, long count, float *out)
+{
+    for (long i = 0; i < count; i++) out[i] = widen_half(in[i]);
+}
+
+/* One greedy or beam step of the whole decoder for the n rows of ONE cache, every row at `position`:
+ * embed tokens[n] (table row widened + positional row: torch.add's one float32 addition), every block
+ * (block_step above: the same calls as wkv_block_step), the final LayerNorm and the vocabulary product
+ * (wkv_rows_f32_half with the table: what the projection's kernel call with the LayerNorm computes) into
+ * logits [n, vocab]. Layer l's caches: self_k[l], self_v[l] (strides sb, sh, st; `length` positions held,
+ * the new one written at `length`: the caller counts it) and cross_k[l], cross_v[l] (cb_rows rows, T
+ * positions, strides cb, ch, ct): every layer's caches have the same shapes and strides.
+ * x: n * d floats; work: n * (6 d + hidden) floats, at least n * d.
+ * Returns 0; 2 for a position past the table, 3 for a token outside the vocabulary (nothing written);
+ * else the failing call's code (the caller checks the shapes first). */
+int wkv_decoder_step(const struct wkv_decoder *p, const long *tokens, long n, long position, float *const *self_k,
+                     float *const *self_v, long length, long sb, long sh, long st, const float *const *cross_k,
+                     const float *const *cross_v, long cb_rows, long T, long cb, long ch, long ct, float *x,
+                     float *work, float *logits, float scale)
+{
+    if (p->layers < 1) return 1;
+    const long d = p->blocks[0]->d;
+    if (position < 0 || position >= p->n_ctx) return 2;
+    for (long r = 0; r < n; r++)
+        if (tokens[r] < 0 || tokens[r] >= p->vocab) return 3;
+    for (long r = 0; r < n; r++)
+        for (long k = 0; k < d; k++)
+            x[r * d + k] = widen_half(p->table[tokens[r] * d + k]) + p->positions[position * d + k];
+    for (long l = 0; l < p->layers; l++) {
+        const int failed = block_step(p->blocks[l], x, n, self_k[l], self_v[l], length, sb, sh, st, cross_k[l],
+                                      cross_v[l], cb_rows, T, cb, ch, ct, work, scale, 0);
+        if (failed) return failed;
+    }
+    return wkv_rows_f32_half(x, n, d, p->ln_w, p->ln_b, p->ln_eps, work, p->table, NULL, p->vocab, d, 0, NULL, 0,
+                             logits, p->vocab);
 }
