@@ -40,6 +40,7 @@ class WhisperKV(Engine):
         sdpa_encoder: bool = False,
         torch_linears: bool = False,
         torch_choice: bool = False,
+        block_steps: bool = False,
     ) -> None:
         import torch
 
@@ -64,6 +65,8 @@ class WhisperKV(Engine):
             import whisperkv.decoding.greedy_choice as greedy_choice
 
             greedy_choice._kernel_fn = lambda: None
+        if block_steps:  # float32 steps block by block from Python, as before round 21
+            self.model.decoder.decoder_step = None
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
 
@@ -77,6 +80,8 @@ class WhisperKV(Engine):
             layout += ", linears kernel"
         if self.model.decoder.blocks[0].block_step is not None:
             layout += ", block step"
+        if self.model.decoder.decoder_step is not None:
+            layout += ", whole step"
         if self.model.decoder.attention_kernel is not None:
             layout += ", attn kernel"
         if self.model.decoder.kv_dtype == torch.bfloat16:
@@ -257,6 +262,7 @@ ENGINES = (
     "whisperkv-fp32-sysheap",
     "whisperkv-fp32-calls",
     "whisperkv-fp32-torchchoice",
+    "whisperkv-fp32-blocksteps",
     "whisperkv-int8",
     "whisperkv-int8-sdpa",
     "whisperkv-int8-pytorch",
@@ -291,6 +297,7 @@ TWINS = (
     "-sdpaencoder",
     "-torchlinears",
     "-torchchoice",
+    "-blocksteps",
 )
 
 
@@ -316,6 +323,7 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
             sdpa_encoder=spec.endswith("-sdpaencoder"),
             torch_linears=spec.endswith("-torchlinears"),
             torch_choice=spec.endswith("-torchchoice"),
+            block_steps=spec.endswith("-blocksteps"),
         )
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
