@@ -65,7 +65,7 @@ class WhisperKV(Engine):
             import whisperkv.decoding.greedy_choice as greedy_choice
 
             greedy_choice._kernel_fn = lambda: None
-        if block_steps:  # float32 steps block by block from Python, as before round 21
+        if block_steps:  # steps block by block from Python, as before round 21
             self.model.decoder.decoder_step = None
         if calls:  # float32 blocks' steps call by call from Python, as before round 13
             from whisperkv.model.block_step import use_block_step
@@ -270,6 +270,7 @@ ENGINES = (
     "whisperkv-int8-sdpaencoder",
     "whisperkv-int8-torchlinears",
     "whisperkv-int8-torchchoice",
+    "whisperkv-int8-blocksteps",
     "whisperkv-batched-int8",
     "whisperkv-batched-int8-sdpa",
     "whisperkv-batched-int8-sdpaencoder",

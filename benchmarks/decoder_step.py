@@ -1,10 +1,12 @@
-"""A float32 decoder step in one C call against its twin (each block's one call, the final LayerNorm
-and the projection from Python), whole transcriptions.
+"""A decoder step in one C call against its twin (each block's one call, the final LayerNorm and the
+projection from Python), whole transcriptions.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/decoder_step.py [--model base] [--beam_size 5] [--pairs 6]
+    PYTHONPATH=. .venv/bin/python benchmarks/decoder_step.py [--model base] [--compute_type int8]
+        [--beam_size 5] [--pairs 6]
 
 One process, one model, the long-form files of ../shared (temperature 0, as ``bench.py`` runs them):
-each file transcribed with ``TextDecoder.decoder_step`` (``model/decoder_step.py``) and without it, in
+each file transcribed with ``TextDecoder.decoder_step`` (``model/decoder_step.py``; the int8 type's:
+``model/int8_decoder_step.py``) and without it, in
 alternating order, pair after pair (``alternate.py``). Prints per way the median whole time, the median
 decoder ms per step (``TextDecoder.forward_rows``: embedding, blocks, LayerNorm and vocabulary; the
 token choice after it is not in it), and whether the transcripts' words are the same.
@@ -29,12 +31,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
+    p.add_argument("--compute_type", default="default", choices=["default", "int8"])
     p.add_argument("--beam_size", type=int, default=None)
     p.add_argument("--pairs", type=int, default=6)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(describe(args.threads))
-    model = whisperkv.load_model(args.model)
+    model = whisperkv.load_model(args.model, compute_type=args.compute_type)
     decoder = model.decoder
     one_call = decoder.decoder_step
     if one_call is None:
@@ -50,7 +53,8 @@ def main() -> int:
         return setup
 
     mode = f"beam {args.beam_size}" if args.beam_size else "greedy"
-    print(f"model {args.model} (float32); {mode}, temperature 0; {args.pairs} pairs, order alternated")
+    what = f"model {args.model} ({args.compute_type}); {mode}, temperature 0"
+    print(f"{what}; {args.pairs} pairs, order alternated")
     options = {"beam_size": args.beam_size} if args.beam_size else {}
     alternate(
         model,

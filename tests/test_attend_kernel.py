@@ -178,8 +178,10 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     """An encoder output or a cache made with the type's own attention is never taken for one made with
     SDPA: the weights digest every provenance carries says which was used."""
     own = int8_model.weights_digest
-    # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds
-    linears = ", linears kernel" if int8_model.decoder.blocks[0].step_rows is not None else ""
+    # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds,
+    # and then its final LayerNorm too ("final norm kernel", ``TextDecoder._logits``)
+    built = int8_model.decoder.blocks[0].step_rows is not None
+    linears = ", linears kernel, final norm kernel" if built else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
     names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
     assert any(own.endswith(f"{decoder}{name})") for name in names), own

@@ -1,7 +1,8 @@
-"""A whole float32 decoder step in one C call (``model/decoder_step.py``, ``wkv_decoder_step``): the same
-logits and Self-KV, bit for bit, as its twin (the blocks' one-call steps, the final LayerNorm and the
-projection called from Python), for greedy, beam and batched windows and whole transcriptions; the
-steps it does not take go the twin's way, and bad input is refused before anything is written."""
+"""A whole decoder step in one C call (float32: ``model/decoder_step.py``, ``wkv_decoder_step``; int8:
+``model/int8_decoder_step.py``): the same logits and Self-KV, bit for bit, as its twin (the blocks'
+one-call steps, the final LayerNorm and the projection called from Python), for greedy, beam and
+batched windows and whole transcriptions; the steps it does not take go the twin's way, and bad input
+is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -14,11 +15,21 @@ import whisperkv
 from tests.block_step_twins import PROMPT, cross_kv_of, decode_steps
 from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.decoder_step import DecoderStep
+from whisperkv.model.int8_decoder_step import Int8DecoderStep
 
 
 @pytest.fixture(scope="module")
 def jfk_cross(tiny_model, speech_dir):
     return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac"])
+
+
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def stepped(request, speech_dir):
+    """(model, jfk's Cross-KV) of each type: the int8 type's where its kernels build here."""
+    model = request.getfixturevalue("tiny_model" if request.param == "float32" else "int8_model")
+    if model.decoder.decoder_step is None:
+        pytest.skip("the int8 type's step kernels are not built here (no compiler, or no AVX512-VNNI)")
+    return model, cross_kv_of(model, speech_dir, ["en/jfk.flac"])
 
 
 @pytest.fixture
@@ -43,12 +54,14 @@ def _twin(decoder, cross, rows: int, steps: int, monkeypatch):  # noqa: ANN001, 
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-def test_one_call_gives_the_twins_bits(tiny_model, jfk_cross, monkeypatch, taken, rows):
-    decoder = tiny_model.decoder
-    assert isinstance(decoder.decoder_step, DecoderStep)
-    fused = decode_steps(decoder, jfk_cross, rows, steps=8)
+def test_one_call_gives_the_twins_bits(stepped, monkeypatch, taken, rows):
+    model, cross = stepped
+    decoder = model.decoder
+    kind = Int8DecoderStep if model.compute_type == "int8" else DecoderStep
+    assert type(decoder.decoder_step) is kind
+    fused = decode_steps(decoder, cross, rows, steps=8)
     assert taken == [True] * 8
-    twin = _twin(decoder, jfk_cross, rows, 8, monkeypatch)
+    twin = _twin(decoder, cross, rows, 8, monkeypatch)
     assert taken == [True] * 8  # the twin did not call it
     assert torch.equal(fused[0], twin[0])
     assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
@@ -83,9 +96,10 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
     assert taken[-1] is True  # the struct is made again from the float16 weight
 
 
-def test_bad_input_is_refused_before_anything_is_written(tiny_model, jfk_cross):
-    decoder = tiny_model.decoder
-    cache = decoder.new_cache(jfk_cross, batch_size=1)
+def test_bad_input_is_refused_before_anything_is_written(stepped):
+    model, cross = stepped
+    decoder = model.decoder
+    cache = decoder.new_cache(cross, batch_size=1)
     with torch.no_grad():
         decoder(torch.tensor([PROMPT]), cache)
         held = [kv.length for kv in cache.self_kv], cache.tokens.clone()
@@ -116,11 +130,12 @@ def test_float16_values_widen_exactly():
 @pytest.mark.parametrize(
     ("clip", "options"), [("en/jfk.flac", {}), ("en/lj_LJ001-0007.flac", {"beam_size": 5})]
 )
-def test_a_transcription_is_the_twins(tiny_model, speech_dir, monkeypatch, taken, clip, options):
+def test_a_transcription_is_the_twins(stepped, speech_dir, monkeypatch, taken, clip, options):
+    model, _ = stepped
     audio = whisperkv.load_audio(speech_dir / clip)
-    fused = tiny_model.transcribe(audio, **options)
+    fused = model.transcribe(audio, **options)
     assert taken and all(taken)
     with monkeypatch.context() as patch:
-        patch.setattr(tiny_model.decoder, "decoder_step", None)
-        twin = tiny_model.transcribe(audio, **options)
+        patch.setattr(model.decoder, "decoder_step", None)
+        twin = model.transcribe(audio, **options)
     assert fused == twin  # tokens, text, timestamps, avg_logprob: every field

@@ -232,8 +232,8 @@ def use_attention_kernels(
 
     ``rows`` (float32, with the kernel): each linear of a decoder step, with its LayerNorm, bias, GELU and
     residual, in one C call (``model/step_rows.py``); ``rows=False`` keeps the row GEMMs, its slow twin.
-    The digest names it too ("linears kernel"; float32: "final norm kernel", the LayerNorm before the
-    vocabulary is the kernel's too, ``TextDecoder._logits``)."""
+    The digest names it too ("linears kernel"; "final norm kernel": the LayerNorm before the vocabulary
+    is the kernel's too, ``TextDecoder._logits``)."""
     int8 = model.compute_type == "int8"
     if not int8 and (model.device.type != "cpu" or model.dtype != torch.float32):
         raise ValueError(
@@ -279,8 +279,8 @@ def use_attention_kernels(
         return
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
     decoder += ", linears kernel" if step_rows is not None else ""
-    # the float32 kernel's final LayerNorm is its own (round 21; PyTorch's before): other numbers
-    decoder += ", final norm kernel" if step_rows is not None and not int8 else ""
+    # the step kernel's final LayerNorm is its own (round 21; PyTorch's before): other numbers
+    decoder += ", final norm kernel" if step_rows is not None else ""
     encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
     encoder += ", linears tiles" if linears else ""
     encoder += ", convolutions tiles" if front else ""

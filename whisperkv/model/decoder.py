@@ -22,6 +22,7 @@ from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.model.attention import AttentionKernel, MultiHeadAttention, heads
 from whisperkv.model.encoder import mlp
+from whisperkv.model.int8_step import Int8StepRows
 from whisperkv.model.row_gemm import linear_rows
 from whisperkv.model.vocab import ChunkedRowProjection
 from whisperkv.model.vocab_screen import VocabScreen
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from whisperkv.model.block_step import BlockStep
     from whisperkv.model.decoder_step import DecoderStep
     from whisperkv.model.draft import DraftDecoder
-    from whisperkv.model.int8_step import Int8StepRows
     from whisperkv.model.step_rows import StepRowsKernel
 
 
@@ -238,26 +238,31 @@ class TextDecoder(nn.Module):
         return embedded + positions.to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
-        if self._norm_in_kernel(x):  # the LayerNorm inside the projection's call, as the C step does
+        kernel = self._norm_kernel(x)
+        if kernel is None:
+            return self.project(self.ln(x), sizes)
+        # the LayerNorm inside the projection's call, as the one-call step makes it
+        if isinstance(self.logits_projection, ChunkedRowProjection):
             return self.logits_projection(x, sizes, norm=self.ln)
-        return self.project(self.ln(x), sizes)
+        rows = x.reshape(-1, x.shape[-1])  # the int8 type's vocabulary through its linears' kernel
+        return kernel.through(rows, self.logits_projection, norm=self.ln).view(*x.shape[:-1], -1)
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm of rows ``x``: the projection kernel's where it projects them (the bits
-        ``_logits`` and the one-call step project), else PyTorch's."""
-        if self._norm_in_kernel(x):
-            return self.logits_projection.kernel.layer_norm(x, self.ln)
-        return self.ln(x)
+        """The final LayerNorm of rows ``x``: the step kernel's where it projects them (the bits ``_logits``
+        and the one-call step project), else PyTorch's."""
+        kernel = self._norm_kernel(x)
+        return kernel.layer_norm(x, self.ln) if kernel is not None else self.ln(x)
 
-    def _norm_in_kernel(self, x: torch.Tensor) -> bool:
-        """Whether the float32 step's kernel projects ``x`` (``model/step_rows.py``): then it also
-        normalises them, with the LayerNorm it gives every block's linears."""
-        return (
-            isinstance(self.logits_projection, ChunkedRowProjection)
-            and self.logits_projection.kernel is not None
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
-        )
+    def _norm_kernel(self, x: torch.Tensor) -> StepRowsKernel | Int8StepRows | None:
+        """The step's linears kernel where it projects rows ``x`` (float32 CPU rows): then it also
+        normalises them, with the LayerNorm it gives every block's linears. None: PyTorch's LayerNorm."""
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        projection = self.logits_projection
+        if isinstance(projection, ChunkedRowProjection):
+            return projection.kernel
+        rows = self.blocks[0].step_rows if len(self.blocks) else None
+        return rows if isinstance(rows, Int8StepRows) and rows.takes(projection) else None
 
     def project(self, hidden: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         """Logits of rows already through the final LayerNorm: the tied vocabulary projection."""

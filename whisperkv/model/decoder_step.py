@@ -54,23 +54,12 @@ class DecoderParameters(ctypes.Structure):
 class _ModelPlan:
     """A decoder's struct and the objects it was made from (checked by identity every step)."""
 
-    def __init__(self, decoder: TextDecoder, blocks: list[ctypes.Structure]) -> None:
-        table, positions, ln = decoder.token_embedding.weight, decoder.positional_embedding, decoder.ln
+    def __init__(self, decoder: TextDecoder, blocks: list, sources: tuple, step: DecoderStep) -> None:
         self.decoder = weakref.ref(decoder)
-        self.sources = (*blocks, table, positions, ln.weight, ln.bias)
+        self.sources = (*blocks, *sources)
         self.block_array = (_POINTER * len(blocks))(*[ctypes.addressof(b) for b in blocks])
-        self.struct = DecoderParameters(
-            ctypes.addressof(self.block_array),
-            len(blocks),
-            table.data_ptr(),
-            table.shape[0],
-            positions.data_ptr(),
-            positions.shape[0],
-            ln.weight.data_ptr(),
-            ln.bias.data_ptr(),
-            ln.eps,
-        )
-        self.d, self.vocab = table.shape[1], table.shape[0]
+        self.struct, self.vocab = step._struct(decoder, ctypes.addressof(self.block_array), len(blocks))
+        self.d = decoder.positional_embedding.shape[1]
         self.work_width = max(6 * b.d + b.hidden for b in blocks)
 
 
@@ -97,9 +86,11 @@ def _cache_tensors(cache: DecoderCache) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def _cache_takes(tensors: tuple[torch.Tensor, ...], layers: int, rows: int, heads: int) -> bool:
-    """Whether every layer's caches are float32 of one shape and stride, as ``wkv_attend`` reads them
-    for ``rows`` query rows (the conditions of ``BlockStep.takes``, for every layer at once)."""
+def _cache_takes(
+    tensors: tuple[torch.Tensor, ...], layers: int, rows: int, heads: int, dtype: torch.dtype
+) -> bool:
+    """Whether every layer's caches are ``dtype`` of one shape and stride, as the attention kernel reads
+    them for ``rows`` query rows (the conditions of ``BlockStep.takes``, for every layer at once)."""
     if len(tensors) != 4 * layers:
         return False
     key, cross_key = tensors[0], tensors[2]
@@ -110,7 +101,7 @@ def _cache_takes(tensors: tuple[torch.Tensor, ...], layers: int, rows: int, head
         if not (ck.shape == cv.shape == cross_key.shape and ck.stride() == cv.stride() == cross_key.stride()):
             return False
         for t in (k, v, ck, cv):
-            if t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(-1) != 1:
+            if t.dtype != dtype or t.device.type != "cpu" or t.stride(-1) != 1:
                 return False
     return (
         key.dim() == cross_key.dim() == 4
@@ -124,10 +115,21 @@ def _cache_takes(tensors: tuple[torch.Tensor, ...], layers: int, rows: int, head
 
 
 class DecoderStep:
-    """``TextDecoder.forward_rows`` for one cache's rows through ``wkv_decoder_step`` where it takes them."""
+    """``TextDecoder.forward_rows`` for one cache's rows through ``wkv_decoder_step`` where it takes them.
+
+    The int8 type's (``model/int8_decoder_step.py``) is this class with another C function, block step,
+    cache dtype and struct: ``FUNCTION``, ``BLOCK``, ``CACHES``, ``_sources`` and ``_struct``."""
+
+    #: the C function: (struct, tokens, rows, position, Self-KVs and strides, Cross-KVs and strides, x,
+    #: work, logits, scale)
+    FUNCTION = "wkv_decoder_step"
+    #: the blocks' one-call step it runs (exactly this class: not a subclass's)
+    BLOCK: type[BlockStep] = BlockStep
+    #: the dtype of the caches it reads and writes
+    CACHES = torch.float32
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._step = library.wkv_decoder_step
+        self._step = getattr(library, self.FUNCTION)
         self._step.restype = ctypes.c_int
         self._step.argtypes = (
             [_POINTER, _POINTER, _LONG, _LONG, _POINTER, _POINTER]
@@ -151,19 +153,48 @@ class DecoderStep:
         blocks = []
         for block in decoder.blocks:
             step = block.block_step
-            made = step.parameters(block) if type(step) is BlockStep else None  # not the int8 type's
+            made = step.parameters(block) if type(step) is self.BLOCK else None
             if made is None:
                 return None
             blocks.append(made)
-        table, positions, ln = decoder.token_embedding.weight, decoder.positional_embedding, decoder.ln
+        sources = self._sources(decoder)
+        if sources is None:
+            return None
         plan = self._model
-        now = (*blocks, table, positions, ln.weight, ln.bias)
+        now = (*blocks, *sources)
         if plan is not None and plan.decoder() is decoder and all(map(operator.is_, now, plan.sources)):
             return plan
-        if not _model_takes(decoder, blocks):
+        if not self._takes(decoder, blocks):
             return None
-        self._model = _ModelPlan(decoder, blocks)
+        self._model = _ModelPlan(decoder, blocks, sources, self)
         return self._model
+
+    def _sources(self, decoder: TextDecoder) -> tuple | None:
+        """The objects the struct is made from beside the blocks' (compared by identity every step), or
+        None where the decoder has none of this type's."""
+        table = getattr(decoder.token_embedding, "weight", None)  # the int8 type's table has none
+        if table is None:
+            return None
+        return (table, decoder.positional_embedding, decoder.ln.weight, decoder.ln.bias)
+
+    def _takes(self, decoder: TextDecoder, blocks: list) -> bool:
+        return _model_takes(decoder, blocks)
+
+    def _struct(self, decoder: TextDecoder, block_array: int, layers: int) -> tuple[ctypes.Structure, int]:
+        """The C struct for the decoder (its blocks' structs at ``block_array``) and its vocabulary size."""
+        table, positions, ln = decoder.token_embedding.weight, decoder.positional_embedding, decoder.ln
+        struct = DecoderParameters(
+            block_array,
+            layers,
+            table.data_ptr(),
+            table.shape[0],
+            positions.data_ptr(),
+            positions.shape[0],
+            ln.weight.data_ptr(),
+            ln.bias.data_ptr(),
+            ln.eps,
+        )
+        return struct, table.shape[0]
 
     def logits(self, decoder: TextDecoder, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor | None:
         """Logits [n, vocab] of the next position for ``tokens`` [n, 1], one per row of ``cache``, which
@@ -225,7 +256,7 @@ class DecoderStep:
             )
             if owner() is cache and same:
                 return plan if tensors[0].shape[0] == rows else None
-        if not _cache_takes(tensors, layers, rows, heads):
+        if not _cache_takes(tensors, layers, rows, heads, self.CACHES):
             return None
         plan = _CachePlan(tensors, layers)
         self._cache = (weakref.ref(cache), plan)

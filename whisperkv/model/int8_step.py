@@ -28,7 +28,7 @@ from torch import nn
 
 from whisperkv.model.attend_kernel import HEAD, load_kernel
 from whisperkv.model.block_step import BlockStep
-from whisperkv.model.step_rows import call_rows, rows_argtypes
+from whisperkv.model.step_rows import call_rows, layer_norm_function, layer_norm_rows, rows_argtypes
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import DecoderBlock
@@ -45,6 +45,7 @@ class Int8StepRows:
         self._rows = library.wkv_int8_rows_step
         self._rows.restype = ctypes.c_int
         self._rows.argtypes = rows_argtypes(weights=4)  # packed weights, scales, row sums, bias
+        self._norm = layer_norm_function(library)  # the LayerNorm it gives its rows, alone
 
     def __deepcopy__(self, memo: dict) -> Int8StepRows:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -58,6 +59,10 @@ class Int8StepRows:
         from whisperkv.model.quantize import Int8Linear
 
         return isinstance(layer, Int8Linear) and layer.kernel is not None and layer.in_features % LANES == 0
+
+    def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """``norm(x)`` as this kernel normalises the rows of a call with ``norm``: the same bits."""
+        return layer_norm_rows(self._norm, x, norm)
 
     def through(
         self,
@@ -167,4 +172,7 @@ def use_int8_step(decoder: nn.Module, on: bool = True) -> Int8StepRows | None:
     step = load_int8_block_step() if rows is not None else None
     for block in decoder.blocks:
         block.step_rows, block.block_step = rows, step
+    from whisperkv.model.int8_decoder_step import load_int8_decoder_step  # it subclasses this module's
+
+    decoder.decoder_step = load_int8_decoder_step() if step is not None else None  # the whole step
     return rows

@@ -48,10 +48,7 @@ class StepRowsKernel:
         self._half = library.wkv_rows_f32_half
         self._half.restype, self._half.argtypes = ctypes.c_int, self._rows.argtypes
         #: the LayerNorm the kernel gives its rows, alone (one row a call)
-        self._norm = library.wkv_layer_norm
-        self._norm.restype = None
-        pointer = ctypes.c_void_p
-        self._norm.argtypes = [pointer, ctypes.c_long, pointer, pointer, ctypes.c_float, pointer]
+        self._norm = layer_norm_function(library)
 
     def __deepcopy__(self, memo: dict) -> StepRowsKernel:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -87,17 +84,10 @@ class StepRowsKernel:
         return call_rows(rows, x, pointers, weight.shape[0], norm, gelu, residual, "the step rows kernel")
 
     def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-        """``norm(x)`` as this kernel normalises the rows of a call with ``norm`` (float32 rows, the width
-        a multiple of ``LANES``): where the final LayerNorm's rows are projected apart from it (the
-        vocabulary screen's rows, ``TextDecoder.forward_rows(project=False)``), the same bits."""
-        width = x.shape[-1]
-        rows = x.reshape(-1, width).contiguous()
-        out = torch.empty_like(rows)
-        weight, bias = norm.weight.data_ptr(), norm.bias.data_ptr()
-        step = width * rows.element_size()
-        for r in range(rows.shape[0]):
-            self._norm(rows.data_ptr() + r * step, width, weight, bias, norm.eps, out.data_ptr() + r * step)
-        return out.view(x.shape)
+        """``norm(x)`` as this kernel normalises the rows of a call with ``norm``: where the final
+        LayerNorm's rows are projected apart from it (the vocabulary screen's rows,
+        ``TextDecoder.forward_rows(project=False)``), the same bits."""
+        return layer_norm_rows(self._norm, x, norm)
 
     def through(
         self,
@@ -110,6 +100,27 @@ class StepRowsKernel:
         """``layer``'s weight and bias on rows ``x`` (``__call__``): how a block's step calls its linears,
         whatever kernel holds them (the int8 type's: ``model/int8_step.py``)."""
         return self(x, layer.weight, layer.bias, norm=norm, gelu=gelu, residual=residual)
+
+
+def layer_norm_function(library: ctypes.CDLL) -> ctypes._CFuncPtr:
+    """``wkv_layer_norm``: the LayerNorm both types' step kernels give their rows (``rows_f32.c``)."""
+    fn = library.wkv_layer_norm
+    pointer = ctypes.c_void_p
+    fn.restype, fn.argtypes = None, [pointer, ctypes.c_long, pointer, pointer, ctypes.c_float, pointer]
+    return fn
+
+
+def layer_norm_rows(fn: ctypes._CFuncPtr, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """``norm(x)`` through ``fn`` (``layer_norm_function``) row by row: float32 rows, the width a
+    multiple of ``LANES``."""
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    out = torch.empty_like(rows)
+    weight, bias = norm.weight.data_ptr(), norm.bias.data_ptr()
+    step = width * rows.element_size()
+    for r in range(rows.shape[0]):
+        fn(rows.data_ptr() + r * step, width, weight, bias, norm.eps, out.data_ptr() + r * step)
+    return out.view(x.shape)
 
 
 def rows_argtypes(weights: int) -> list:

@@ -88,3 +88,61 @@ int wkv_int8_block_step(const struct wkv_int8_block *p, float *x, long n, uint16
     failed = failed || linear(&p->down, hidden, n, p->hidden, d, NULL, NULL, 0.f, NULL, 0, x, x);
     return failed;
 }
+
+/* The int8 type's whole decoder (set once per model by model/decoder_step.py, Int8DecoderStep). */
+struct wkv_int8_decoder {
+    const struct wkv_int8_block *const *blocks; /* [layers] */
+    long layers;
+    const int8_t *embedding;        /* Int8Embedding's rows [vocab, d] */
+    const float *embedding_scale;   /* and their scales [vocab] */
+    long vocab;
+    const float *positions;         /* the positional embedding [n_ctx, d] */
+    long n_ctx;
+    const float *ln_w, *ln_b;       /* the final LayerNorm */
+    float ln_eps;
+    struct wkv_int8_linear projection; /* the vocabulary [vocab, d], no bias */
+};
+
+/* Int8Embedding's lookup (int8 × its row's scale) plus the position's row: PyTorch's two roundings, in
+ * its order (no fused multiply-add). */
+__attribute__((optimize("no-fast-math", "fp-contract=off"))) static void embed(const struct wkv_int8_decoder *p,
+                                                                              const long *tokens, long n,
+                                                                              long position, long d, float *x)
+{
+    for (long r = 0; r < n; r++) {
+        const int8_t *row = p->embedding + tokens[r] * d;
+        const float scale = p->embedding_scale[tokens[r]], *at = p->positions + position * d;
+        for (long k = 0; k < d; k++) {
+            const float value = (float)row[k] * scale;
+            x[r * d + k] = value + at[k];
+        }
+    }
+}
+
+/* One step of the whole int8 decoder for the n rows of ONE cache, every row at `position`, as
+ * wkv_decoder_step (block_step.c) is for float32: embed, every block (wkv_int8_block_step), then the
+ * vocabulary with the final LayerNorm in its call (wkv_int8_rows_step, as Int8StepRows calls it) into
+ * logits [n, vocab]. Caches: bfloat16, layer l's at self_k[l], self_v[l], cross_k[l], cross_v[l], every
+ * layer's of the same shapes and strides. x: n * d floats; work: n * (6 d + hidden) floats.
+ * Returns 0; 2 for a position past the table, 3 for a token outside the vocabulary (nothing written);
+ * else the failing call's code. */
+int wkv_int8_decoder_step(const struct wkv_int8_decoder *p, const long *tokens, long n, long position,
+                          uint16_t *const *self_k, uint16_t *const *self_v, long length, long sb, long sh, long st,
+                          const uint16_t *const *cross_k, const uint16_t *const *cross_v, long cb_rows, long T,
+                          long cb, long ch, long ct, float *x, float *work, float *logits, float scale)
+{
+    if (p->layers < 1) return 1;
+    const long d = p->blocks[0]->d;
+    if (position < 0 || position >= p->n_ctx) return 2;
+    for (long r = 0; r < n; r++)
+        if (tokens[r] < 0 || tokens[r] >= p->vocab) return 3;
+    embed(p, tokens, n, position, d, x);
+    for (long l = 0; l < p->layers; l++) {
+        const int failed = wkv_int8_block_step(p->blocks[l], x, n, self_k[l], self_v[l], length, sb, sh, st,
+                                               cross_k[l], cross_v[l], cb_rows, T, cb, ch, ct, work, scale);
+        if (failed) return failed;
+    }
+    const struct wkv_int8_linear *v = &p->projection;
+    return wkv_int8_rows_step(x, n, d, p->ln_w, p->ln_b, p->ln_eps, work, v->packed, v->scale, v->sum, v->bias,
+                              p->vocab, d, 0, NULL, 0, logits, p->vocab);
+}
