@@ -313,6 +313,33 @@ def test_self_kv_reorder_in_place_equals_a_gather(rows):
     assert kv.key.shape[0] == 3 and torch.equal(kv.key[2], before_key.index_select(0, index)[0])
 
 
+def test_one_call_reorders_every_pattern_of_four_rows_as_a_gather():
+    """Every parent pattern of four rows (256: chains, swaps, cycles, repeated parents) through the one-call
+    reorder, whose copies are ordered to need scratch only for cycles: exactly a gather of the held
+    positions, in both buffers of both layers."""
+    import itertools
+
+    from whisperkv.cache import reorder
+    from whisperkv.cache.kv import SelfKV, reorder_moves
+
+    generator = torch.Generator().manual_seed(5)
+    for parents in itertools.product(range(4), repeat=4):
+        layers = [SelfKV(i, 4, 8, 8, torch.float32, "cpu", n_head=2) for i in range(2)]
+        for kv in layers:
+            kv.append(
+                torch.randn(4, 2, 8, 4, generator=generator), torch.randn(4, 2, 8, 4, generator=generator)
+            )
+            kv.truncate(5)  # positions 5..7 hold values the reorder must not move
+        before = [[b.clone() for b in kv.buffers] for kv in layers]
+        rows = torch.tensor(parents)
+        assert reorder.takes(layers, 4)
+        reorder.reorder_layers(layers, reorder_moves(rows))
+        for kv, old in zip(layers, before, strict=True):
+            for buffer, held in zip(kv.buffers, old, strict=True):
+                assert torch.equal(buffer[:, :, :5], held[:, :, :5].index_select(0, rows)), parents
+                assert torch.equal(buffer[:, :, 5:], held[:, :, 5:]), parents
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_call_reorders_every_layer_as_the_twin_does(dtype):
     """A beam step's reorder of every layer in one C call (``cache/reorder.py``, what
