@@ -42,6 +42,11 @@ class StepTimer:
         return self.seconds / max(self.calls, 1) * 1e3
 
 
+def setting(target: object, name: str, value: object) -> Callable[[], None]:
+    """A way's set-up: ``target.name = value`` (this process only)."""
+    return lambda: setattr(target, name, value)
+
+
 def alternate(
     model,  # noqa: ANN001 - whisperkv.model.whisper.Whisper
     ways: dict[str, Callable[[], None]],

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from alternate import StepTimer, alternate  # noqa: E402
+from alternate import StepTimer, alternate, setting  # noqa: E402
 from provenance import describe  # noqa: E402
 
 import whisperkv  # noqa: E402
@@ -46,19 +46,16 @@ def main() -> int:
     timer = StepTimer()
     decoder.forward_rows = timer.wrap(decoder.forward_rows)  # this process only
 
-    def use(step):  # noqa: ANN001, ANN202
-        def setup() -> None:
-            decoder.decoder_step = step
-
-        return setup
-
     mode = f"beam {args.beam_size}" if args.beam_size else "greedy"
     what = f"model {args.model} ({args.compute_type}); {mode}, temperature 0"
     print(f"{what}; {args.pairs} pairs, order alternated")
     options = {"beam_size": args.beam_size} if args.beam_size else {}
     alternate(
         model,
-        {"one call": use(one_call), "per block": use(None)},
+        {
+            "one call": setting(decoder, "decoder_step", one_call),
+            "per block": setting(decoder, "decoder_step", None),
+        },
         timer,
         args.pairs,
         "decoder ms/step",

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from alternate import StepTimer, alternate  # noqa: E402
+from alternate import StepTimer, alternate, setting  # noqa: E402
 from provenance import describe  # noqa: E402
 
 import whisperkv  # noqa: E402
@@ -43,14 +43,9 @@ def main() -> int:
     timer = StepTimer()
     WindowDecode._advance = timer.wrap(WindowDecode._advance)  # this process only
 
-    def use(fn):  # noqa: ANN001, ANN202
-        def setup() -> None:
-            greedy_choice._kernel_fn = fn
-
-        return setup
-
     print(f"model tiny.en ({args.compute_type}); greedy, temperature 0; {args.pairs} pairs, order alternated")
-    alternate(model, {"fused": use(kernel), "torch": use(lambda: None)}, timer, args.pairs, "choice ms/step")
+    fused, torch_choice = (setting(greedy_choice, "_kernel_fn", fn) for fn in (kernel, lambda: None))
+    alternate(model, {"fused": fused, "torch": torch_choice}, timer, args.pairs, "choice ms/step")
     return 0
 
 
