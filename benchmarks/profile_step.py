@@ -57,8 +57,22 @@ def _encoder_against_its_twins(model, mel: torch.Tensor, repeats: int) -> dict[s
     return {way: statistics.median(t) for way, t in times.items()}
 
 
+def _last_level_cache_mb() -> float | None:
+    """The CPU's last-level cache in MB (Linux sysfs), or None where it does not say."""
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+    sizes = []
+    for size in caches:
+        text = size.read_text().strip()
+        units = {"K": 1e-3, "M": 1.0, "G": 1e3}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+    return max(sizes) if sizes else None
+
+
 def _bandwidth_gb_s(mb: int = 400, repeats: int = 9) -> float:
-    """Read speed of a buffer far larger than the caches (the median of ``repeats`` sums), GB/s."""
+    """Read speed of a buffer far larger than the caches (four times the last-level cache, at least
+    ``mb``; the median of ``repeats`` sums), GB/s."""
+    mb = max(mb, int(4 * (_last_level_cache_mb() or 0)))
     buffer = torch.ones(mb * 1_000_000 // 4)
     buffer.sum()
     times = []
@@ -231,6 +245,12 @@ def main() -> int:
         f"memory read speed measured now {bandwidth:.1f} GB/s: a one-token step cannot take less than "
         f"{step_bytes / 1e6 / bandwidth:.2f} ms here"
     )
+    cache_mb = _last_level_cache_mb()
+    if cache_mb is not None and step_bytes / 1e6 < cache_mb:
+        print(
+            f"(the step's bytes fit in this CPU's {cache_mb:.0f} MB last-level cache: read from there, a "
+            "step can take less than that)"
+        )
     if screen_bytes is not None:
         screened_bytes = layer_bytes + screen_bytes
         print(
