@@ -269,8 +269,7 @@ def _model_takes(decoder: TextDecoder, blocks: list[ctypes.Structure]) -> bool:
     LayerNorm, one width throughout."""
     from whisperkv.model.vocab import ChunkedRowProjection
 
-    table, positions, ln = decoder.token_embedding.weight, decoder.positional_embedding, decoder.ln
-    projection = decoder.logits_projection
+    table, projection = decoder.token_embedding.weight, decoder.logits_projection
     d = table.shape[1] if table.dim() == 2 else -1
     return (
         isinstance(projection, ChunkedRowProjection)
@@ -280,7 +279,16 @@ def _model_takes(decoder: TextDecoder, blocks: list[ctypes.Structure]) -> bool:
         and table.dtype == torch.float16
         and table.is_contiguous()
         and table.device.type == "cpu"
-        and positions.dtype == ln.weight.dtype == ln.bias.dtype == torch.float32
+        and positions_and_norm_take(decoder, blocks, d)
+    )
+
+
+def positions_and_norm_take(decoder: TextDecoder, blocks: list[ctypes.Structure], d: int) -> bool:
+    """What both types' C steps read beside their tables: float32 positions [n_ctx, d] and final
+    LayerNorm [d], contiguous, and every block ``d`` wide."""
+    positions, ln = decoder.positional_embedding, decoder.ln
+    return (
+        positions.dtype == ln.weight.dtype == ln.bias.dtype == torch.float32
         and positions.is_contiguous()
         and positions.shape[1] == d
         and ln.weight.is_contiguous()

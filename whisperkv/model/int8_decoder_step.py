@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from whisperkv.model.attend_kernel import load_kernel
-from whisperkv.model.decoder_step import DecoderStep
+from whisperkv.model.decoder_step import DecoderStep, positions_and_norm_take
 from whisperkv.model.int8_step import Int8BlockStep, Int8Linear_, Int8StepRows
 
 if TYPE_CHECKING:
@@ -66,14 +66,9 @@ class Int8DecoderStep(DecoderStep):
     def _takes(self, decoder: TextDecoder, blocks: list) -> bool:
         """An int8 table [vocab, d] with one float32 scale a row, a bias-free int8 vocabulary of the same
         width, float32 positions and LayerNorm, one width throughout."""
-        embedding, projection, positions, ln = (
-            decoder.token_embedding,
-            decoder.logits_projection,
-            decoder.positional_embedding,
-            decoder.ln,
-        )
+        embedding, projection = decoder.token_embedding, decoder.logits_projection
         qweight, scale = embedding.qweight, embedding.scale
-        d = positions.shape[1]
+        d = decoder.positional_embedding.shape[1]
         return (
             qweight.dtype == torch.int8
             and qweight.dim() == 2
@@ -85,12 +80,7 @@ class Int8DecoderStep(DecoderStep):
             and projection._bias is None
             and projection.in_features == d
             and projection.out_features == qweight.shape[0]
-            and positions.dtype == ln.weight.dtype == ln.bias.dtype == torch.float32
-            and positions.is_contiguous()
-            and ln.weight.is_contiguous()
-            and ln.bias.is_contiguous()
-            and ln.weight.shape == (d,)
-            and all(b.d == d for b in blocks)
+            and positions_and_norm_take(decoder, blocks, d)
         )
 
     def _struct(self, decoder: TextDecoder, block_array: int, layers: int) -> tuple[ctypes.Structure, int]:
