@@ -31,6 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engines import BATCH_SIZE, ENGINES, TWINS, worker  # noqa: E402
@@ -97,7 +101,26 @@ def step_ms(runs: list | None) -> float | None:
     return statistics.median(per_run) if per_run else None
 
 
-def print_goals(table: dict, results: dict, refs: dict) -> None:
+def quantisation_cost(
+    results: dict, audio_name: str, mode: str, wer_of: Callable[[tuple], tuple[int, int]]
+) -> str:
+    """``; float32 errors: ours E (int8 +d), faster-whisper E (int8 +d)`` where both float32 engines ran
+    in this run. An int8 WER gap splits into what each engine's int8 adds to its own float32 and what
+    their float32 decodings (the reference's seek and beam search against CTranslate2's) differ by."""
+    keys = [("whisperkv-fp32", audio_name, mode), ("faster-whisper-fp32", audio_name, mode)]
+    if not all(k in results for k in keys):
+        return ""
+    parts = []
+    for name, fp32, int8 in (
+        ("ours", keys[0], "whisperkv-int8"),
+        ("faster-whisper", keys[1], "faster-whisper-int8"),
+    ):
+        errors = wer_of(fp32)[0]
+        parts.append(f"{name} {errors} (int8 {wer_of((int8, audio_name, mode))[0] - errors:+d})")
+    return "; float32 errors: " + ", ".join(parts)
+
+
+def print_goals(table: dict, results: dict, refs: dict, model: str = "tiny.en") -> None:
     from whisperkv.metrics import word_errors
 
     def wer_of(key):
@@ -125,6 +148,7 @@ def print_goals(table: dict, results: dict, refs: dict) -> None:
             print(
                 f"  {audio_name:<10} {mode:<6} {'int8 WER <= faster-whisper int8 WER':<40} "
                 f"{e1 / w1:5.1%} ({e1}/{w1}) vs {e2 / w2:.1%} ({e2}/{w2})  {_verdict(e1 <= e2)}"
+                + quantisation_cost(results, audio_name, mode, wer_of)
             )
         for batched, sequential in (
             ("whisperkv-batched-int8", "whisperkv-int8"),
@@ -141,10 +165,9 @@ def print_goals(table: dict, results: dict, refs: dict) -> None:
                 )
         ms = step_ms(results.get(("whisperkv-fp32", audio_name, mode)))
         if ms is not None and mode == "greedy":
-            print(
-                f"  {audio_name:<10} {mode:<6} {'fp32 decoder step <= 3 ms':<40} {ms:5.2f}  "
-                f"{_verdict(ms <= 3)}"
-            )
+            # the issue sets 3 ms for tiny.en; other models' steps are printed, with no verdict
+            verdict = _verdict(ms <= 3) if model == "tiny.en" else f"(tiny.en's goal; {model} shown)"
+            print(f"  {audio_name:<10} {mode:<6} {'fp32 decoder step <= 3 ms':<40} {ms:5.2f}  {verdict}")
         for ours, peer in RSS_GOALS:
             a, b = (ours, audio_name, mode), (peer, audio_name, mode)
             if a in results and b in results:
@@ -232,7 +255,7 @@ def main() -> int:
         if spec != "whisperkv-fp32" and base:
             errors, words = word_errors(base[-1][1]["text"], runs[-1][1]["text"])
             print(f"  {names[spec]:<36} {audio_name:<10} {mode:<6} {errors}/{words} words differ")
-    print_goals(table, results, refs)
+    print_goals(table, results, refs, args.model)
     print("\nratios (whisperkv time / peer time; < 1 means whisperkv is faster):")
     for (spec, audio_name, mode), t in table.items():
         if not spec.startswith("whisperkv"):

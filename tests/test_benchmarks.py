@@ -129,3 +129,35 @@ def test_draft_acceptance_counts_ngram_guesses():
     rates = module.acceptance([1, 2, 1, 2, 1, 2])  # from the third token on every guess is right
     assert rates["bigram"] == 3 / 5 and rates["trigram, else bigram"] == 3 / 5
     assert module.acceptance([5, 6, 7, 8])["bigram"] == 0.0
+
+
+def test_goal_lines_split_an_int8_wer_gap_and_judge_the_step_on_tiny_en_only(capsys):
+    """The int8 WER verdict carries each engine's float32 errors from the same run (the int8 cost apart
+    from the float32 decodings' own gap); the 3 ms step goal is judged for tiny.en only."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import print_goals
+
+    ref = "one two three four five six seven eight nine ten"
+    texts = {
+        "whisperkv-fp32": "one two three four five six seven eight nine",  # 1 error
+        "whisperkv-int8": "one two three four five six seven eight",  # 2 errors
+        "faster-whisper-fp32": ref,  # 0 errors
+        "faster-whisper-int8": "one two three four five six seven eight nine ten",  # 0 errors
+    }
+    step = {"steps": 100, "step_s": 0.35}  # 3.5 ms a step
+    results = {
+        (name, "long", "greedy"): [(1.0, {"text": text, **step}, 2**20)] for name, text in texts.items()
+    }
+    table = {key: 1.0 for key in results}
+    print_goals(table, results, {"long": ref})
+    out = capsys.readouterr().out
+    wer_line = next(line for line in out.splitlines() if "int8 WER <= faster-whisper int8 WER" in line)
+    assert "(2/10) vs 0.0% (0/10)  NOT met" in wer_line
+    assert wer_line.endswith("float32 errors: ours 1 (int8 +1), faster-whisper 0 (int8 +0)")
+    step_line = next(line for line in out.splitlines() if "fp32 decoder step <= 3 ms" in line)
+    assert step_line.endswith("3.50  NOT met")
+    print_goals(table, results, {"long": ref}, "base")
+    assert "3.50  (tiny.en's goal; base shown)" in capsys.readouterr().out
+    del results[("faster-whisper-fp32", "long", "greedy")]  # no float32 peer in the run: no split
+    print_goals(table, results, {"long": ref})
+    assert "float32 errors" not in capsys.readouterr().out
