@@ -44,6 +44,9 @@ SPEECH = REPO.parent / "shared" / "data" / "speech"
 LEVELS = (1, 4, 16, 32)
 POOL = 16
 RSS_GOAL_MB = 50
+#: seconds the RSS check waits after each phase: past ``Scheduler.idle_trim_s`` (2 s), when an idle server
+#: has given its heap's free memory back (``heap.give_back_free_memory``)
+IDLE_WAIT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -256,8 +259,9 @@ def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100)
 
     Why between phases: a sample taken while requests run counts their caches and activations, which
     move by over 80 MB with how many of the 16 are in flight and how long their clips are (round 22, scratch,
-    sampled every 100 answers: 1,192-1,274 MB, no trend); between phases only what outlives a request is
-    left, so a leak shows as a steady rise and noise does not."""
+    sampled every 100 answers: 1,192-1,274 MB, no trend); between phases, once the idle server has given
+    its heap back, only what outlives a request is left, so a leak shows as a steady rise and noise does
+    not."""
     import httpx
 
     port = _free_port()
@@ -276,6 +280,7 @@ def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100)
             with ThreadPoolExecutor(clients) as pool:
                 list(pool.map(client_loop, range(clients)))
             done += count
+            time.sleep(IDLE_WAIT_S)  # the server's scheduler gives its heap back after 2 s idle
             samples.append((done, _rss_mb(process.pid, "VmRSS")))
     return samples
 

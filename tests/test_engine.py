@@ -7,6 +7,8 @@ run's numbers bit for bit, not approximately.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -209,3 +211,37 @@ def test_job_is_the_loop_transcribe_runs(tiny_model, solo_short):
     scheduler = Scheduler(tiny_model)
     assert scheduler.run(scheduler.submit_job(job)) == solo_short[1]
     assert job.finished and not job.store.entries
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+
+
+def test_an_idle_background_loop_gives_the_heap_back_once(tiny_model, solo_short):
+    """After idle_trim_s with nothing to do, the loop returns the heap's free memory to the kernel (RSS
+    drops by the job's freed activations), once per idle spell, never before the first job; the next job
+    still gets its solo result."""
+    with pytest.raises(ValueError, match="idle_trim_s"):
+        Scheduler(tiny_model, idle_trim_s=0)
+    scheduler = Scheduler(tiny_model, idle_trim_s=0.3)
+    scheduler.start()
+    try:
+        time.sleep(0.6)
+        assert scheduler.stats()["heap_trims"] == 0  # nothing to give back before the first job
+        assert scheduler.submit(_audio(SHORT[0])).result(timeout=60) == solo_short[0]
+        before = _rss_mb()
+        deadline = time.monotonic() + 10
+        while scheduler.stats()["heap_trims"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scheduler.stats()["heap_trims"] == 1
+        assert _rss_mb() < before - 10  # a jfk window's activations (about 50 MB) went back
+        time.sleep(0.9)
+        assert scheduler.stats()["heap_trims"] == 1  # once per idle spell
+        assert scheduler.submit(_audio(SHORT[0])).result(timeout=60) == solo_short[0]
+        deadline = time.monotonic() + 10
+        while scheduler.stats()["heap_trims"] == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scheduler.stats()["heap_trims"] == 2
+    finally:
+        scheduler.stop(drain=True, timeout=60)

@@ -30,6 +30,7 @@ from whisperkv.engine.handle import JobHandle
 from whisperkv.engine.job import Job, WindowTask
 from whisperkv.engine.options import TranscribeOptions
 from whisperkv.errors import QueueFullError, ShuttingDownError
+from whisperkv.heap import give_back_free_memory
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -53,12 +54,19 @@ class _Active:
 class Scheduler:
     """One thread owns the model; every active job's current window advances one decoder step per tick."""
 
-    def __init__(self, model: Whisper, *, max_batch: int = 16, max_queue: int = 64) -> None:
+    def __init__(
+        self, model: Whisper, *, max_batch: int = 16, max_queue: int = 64, idle_trim_s: float | None = 2.0
+    ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch and max_queue must be at least 1, got {max_batch} and {max_queue}")
+        if idle_trim_s is not None and idle_trim_s <= 0:
+            raise ValueError(f"idle_trim_s must be positive or None, got {idle_trim_s}")
         self.model = model
         self.max_batch = max_batch
         self.max_queue = max_queue
+        #: the background loop (``start``) gives the heap's free memory back after this many idle seconds
+        #: (``heap.give_back_free_memory``), once per idle spell; None: never
+        self.idle_trim_s = idle_trim_s
         self._lock = threading.Lock()  # the queue, the active list, the flags, the stats
         self._wake = threading.Condition(self._lock)
         self._model_lock = threading.Lock()  # one driver of the model at a time
@@ -74,6 +82,7 @@ class Scheduler:
             "cross_kv_bytes": 0,
             "draft_guesses": 0,  # speculative windows (``decoding/speculative.py``): guesses checked,
             "draft_accepted": 0,  # and how many were the tokens chosen
+            "heap_trims": 0,  # idle spells after which the heap's free memory went back to the kernel
         }
 
     # ---------------------------------------------------------------------------------- public API
@@ -178,12 +187,20 @@ class Scheduler:
             return True
 
     def _loop(self) -> None:
+        trimmed = True  # nothing to give back before the first job
         while True:
             with self._lock:
-                while not self._queue and not self._active and not self._stopping:
-                    self._wake.wait()
-                if self._stopping and not self._queue and not self._active:
+                idle, timeout = False, None if trimmed else self.idle_trim_s
+                while not (self._queue or self._active or self._stopping or idle):
+                    idle = not self._wake.wait(timeout)  # False: nothing came for idle_trim_s seconds
+                if not idle and self._stopping and not self._queue and not self._active:
                     return
+            if idle:  # outside the lock: submit() never waits for the trim
+                gave_back, trimmed = give_back_free_memory(), True
+                with self._lock:
+                    self._stats["heap_trims"] += int(gave_back)
+                continue
+            trimmed = False
             self.tick()
 
     def _admit(self) -> None:

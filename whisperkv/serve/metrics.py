@@ -30,6 +30,11 @@ _STATS = {
     "cross_kv_bytes": ("whisperkv_cross_kv_bytes", "bytes of Cross-KV held by active windows", "gauge"),
     "steps_total": ("whisperkv_decoder_steps", "decoder steps run", "counter"),
     "tokens_total": ("whisperkv_decoded_tokens", "tokens decoded over all rows", "counter"),
+    "heap_trims": (
+        "whisperkv_heap_trims",
+        "idle spells after which the heap's free memory went back to the kernel",
+        "counter",
+    ),
 }
 
 
