@@ -222,8 +222,9 @@ def test_an_idle_background_loop_gives_the_heap_back_once(tiny_model, solo_short
     """After idle_trim_s with nothing to do, the loop returns the heap's free memory to the kernel (RSS
     drops by the job's freed activations), once per idle spell, never before the first job; the next job
     still gets its solo result."""
-    with pytest.raises(ValueError, match="idle_trim_s"):
-        Scheduler(tiny_model, idle_trim_s=0)
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="idle_trim_s"):
+            Scheduler(tiny_model, idle_trim_s=bad)
     scheduler = Scheduler(tiny_model, idle_trim_s=0.3)
     scheduler.start()
     try:

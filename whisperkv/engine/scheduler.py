@@ -59,8 +59,8 @@ class Scheduler:
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch and max_queue must be at least 1, got {max_batch} and {max_queue}")
-        if idle_trim_s is not None and idle_trim_s <= 0:
-            raise ValueError(f"idle_trim_s must be positive or None, got {idle_trim_s}")
+        if idle_trim_s is not None and not 0 < idle_trim_s < 1e6:
+            raise ValueError(f"idle_trim_s must be None or above 0 and under 1e6 seconds, got {idle_trim_s}")
         self.model = model
         self.max_batch = max_batch
         self.max_queue = max_queue

@@ -16,13 +16,24 @@ from typing import Any
 API_KEY_ENV = "WHISPERKV_API_KEY"
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def _seconds_or_off(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value < 1e6:  # also refuses nan and inf (a wait that long overflows the lock's timeout)
+        raise argparse.ArgumentTypeError(f"must be 0 (never) or a number of seconds under 1e6, got {text}")
     return value
 
 
@@ -52,6 +63,12 @@ def add_serve_parser(sub: Any) -> None:
         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, if set)",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument(
+        "--idle_trim",
+        type=_seconds_or_off,
+        default=2.0,
+        help="give the heap's free memory back after this many idle seconds (0: never; default: 2)",
+    )
 
 
 def _server_class():
@@ -102,7 +119,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, compute_type=args.compute_type)
-    scheduler = Scheduler(model, max_batch=args.max_batch, max_queue=args.max_queue)
+    scheduler = Scheduler(
+        model, max_batch=args.max_batch, max_queue=args.max_queue, idle_trim_s=args.idle_trim or None
+    )
     settings = ServeSettings(
         model_name=args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
