@@ -62,8 +62,8 @@ def give_back_free_memory() -> bool:
     Why: the settings above are right while windows follow each other, but they also keep the heap at
     its peak once work stops. A server that served 16 requests at once held 1,134 MB with none in flight,
     against 734 MB after its first 50 (round 22, ``benchmarks/serve.py``): its peak, kept, not a leak
-    (flat from the 750th request to the 1,000th). The scheduler calls this once it has been idle a while
-    (``Scheduler(idle_trim_s=...)``); the first window after it faults its pages in again, once."""
+    (within 8 MB from the 550th request to the 1,000th). The scheduler calls this once it has been idle
+    a while (``Scheduler(idle_trim_s=...)``); the first window after it faults its pages in again, once."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
