@@ -34,6 +34,16 @@ if TYPE_CHECKING:
 
 _POINTER, _FLOAT, _LONG = ctypes.c_void_p, ctypes.c_float, ctypes.c_long
 
+#: the run both types' decoder structs hold after their token tables, in this order: the positions and
+#: the final LayerNorm (what ``positions_and_norm_take`` checks)
+POSITIONS_AND_NORM_FIELDS = [
+    ("positions", _POINTER),
+    ("n_ctx", _LONG),
+    ("ln_w", _POINTER),
+    ("ln_b", _POINTER),
+    ("ln_eps", _FLOAT),
+]
+
 
 class DecoderParameters(ctypes.Structure):
     """``struct wkv_decoder``: the blocks' structs, the tied table, the positions, the final LayerNorm."""
@@ -43,11 +53,7 @@ class DecoderParameters(ctypes.Structure):
         ("layers", _LONG),
         ("table", _POINTER),
         ("vocab", _LONG),
-        ("positions", _POINTER),
-        ("n_ctx", _LONG),
-        ("ln_w", _POINTER),
-        ("ln_b", _POINTER),
-        ("ln_eps", _FLOAT),
+        *POSITIONS_AND_NORM_FIELDS,
     ]
 
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from whisperkv.model.attend_kernel import load_kernel
-from whisperkv.model.decoder_step import DecoderStep, positions_and_norm_take
+from whisperkv.model.decoder_step import POSITIONS_AND_NORM_FIELDS, DecoderStep, positions_and_norm_take
 from whisperkv.model.int8_step import Int8BlockStep, Int8Linear_, Int8StepRows
 
 if TYPE_CHECKING:
     from whisperkv.model.decoder import TextDecoder
 
-_POINTER, _FLOAT, _LONG = ctypes.c_void_p, ctypes.c_float, ctypes.c_long
+_POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 
 
 class Int8DecoderParameters(ctypes.Structure):
@@ -36,11 +36,7 @@ class Int8DecoderParameters(ctypes.Structure):
         ("embedding", _POINTER),
         ("embedding_scale", _POINTER),
         ("vocab", _LONG),
-        ("positions", _POINTER),
-        ("n_ctx", _LONG),
-        ("ln_w", _POINTER),
-        ("ln_b", _POINTER),
-        ("ln_eps", _FLOAT),
+        *POSITIONS_AND_NORM_FIELDS,
         ("projection", Int8Linear_),
     ]
 
