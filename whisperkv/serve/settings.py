@@ -17,6 +17,12 @@ class ServeSettings:
     max_upload_bytes: int = 100 * 1024 * 1024
     #: seconds a client is told to wait (``Retry-After``) when the queue is full
     retry_after_s: int = 1
+    #: seconds a client has to send a whole request body (a trickling upload is a 408 after it)
+    body_timeout_s: float = 30.0
+    #: Realtime WebSocket sessions open at once (one more is refused before its handshake)
+    realtime_max_sessions: int = 16
+    #: seconds of audio one Realtime session may hold uncommitted (an append past it is an error event)
+    realtime_buffer_s: float = 60.0
 
     @property
     def served_names(self) -> tuple[str, ...]:
