@@ -135,11 +135,15 @@ def test_page_renders_in_a_real_browser(page, tmp_path):
     assert pixels.std() > 0.1
 
 
-def test_cli_json_and_errors(trace, capsys, tmp_path):
+def test_cli_json_and_errors(trace, capsys, tmp_path, tiny_model):
     assert main(["explain", str(JFK), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [s["token"] for s in data["steps"]] == [s.token for s in trace.steps]
     assert data["cross_kv_bytes"] == trace.cross_kv_bytes and data["shapes"]["mel"] == [80, 3000]
+    # the window's text: what was said in it (the clip's words), and the text of its own tokens
+    assert "ask not what your country can do for you" in data["text"].lower()
+    assert data["text"] == trace.text == "".join(s["text"] for s in data["segments"])
+    assert data["text"].strip() == tiny_model.tokenizer.decode(data["result_tokens"]).strip()
     assert main(["explain", str(SHORT), "--window", "3"]) == 2
     assert "has 1 decoded window(s), 0 to 0" in capsys.readouterr().err
     assert main(["explain", str(tmp_path / "missing.wav")]) == 2

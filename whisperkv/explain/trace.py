@@ -63,6 +63,8 @@ class Trace:
     prompt: list[tuple[int, str]]  # the tokens fed before sampling, with their text
     steps: list[Step]
     result_tokens: list[int]  # what transcribe() produced for this window
+    text: str  # that window's text, as transcribe() gave it (its segments' texts joined)
+    segments: list[dict]  # that window's segments: start, end, text
     tokens_match: bool | None  # None: a sampled (temperature > 0) window cannot be replayed exactly
     avg_logprob: float  # of the replayed best sequence, as the decoder scores it
     self_kv_bytes: list[list[int]]  # per decoder call, per layer: bytes held after that call
@@ -182,6 +184,8 @@ def trace_window(
         prompt=[(t, _text(tokenizer, t)) for t in replay["prompt"]],
         steps=steps,
         result_tokens=result_tokens,
+        text="".join(s["text"] for s in segments),
+        segments=[{k: s[k] for k in ("start", "end", "text")} for s in segments],
         tokens_match=None if temperature > 0 else sampled[: len(result_tokens)] == result_tokens,
         avg_logprob=replay["avg_logprob"],
         self_kv_bytes=replay["self_kv_bytes"],
