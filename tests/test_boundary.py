@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import replace
 
 import pytest
@@ -15,8 +16,15 @@ import torch
 
 from whisperkv.audio import N_FRAMES, N_SAMPLES, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperkv.boundary.associated_data import FORMAT_VERSION, PartLabel, check_label, parse_label
+from whisperkv.boundary.client import RemoteEncoder
 from whisperkv.boundary.costs import crossing_bytes, crossing_table
-from whisperkv.boundary.handshake import ClientHello, client_finish, parse_hello, worker_answer
+from whisperkv.boundary.handshake import (
+    ClientHello,
+    authenticate_hello,
+    client_finish,
+    parse_hello,
+    worker_answer,
+)
 from whisperkv.boundary.keys import (
     DIRECTION_REQUEST,
     DIRECTION_RESPONSE,
@@ -176,7 +184,8 @@ def test_handshake_binds_secret_and_measurement(tiny_model):
     secret = os.urandom(32)
     own = measure(tiny_model, "features")
     hello = ClientHello("a1" * 16, fresh_nonce(), own)
-    parsed = parse_hello(hello.to_json())
+    parsed, tag = parse_hello(hello.to_json(secret))
+    authenticate_hello(secret, parsed, tag, time.time())  # the hello proves the secret
     worker_key, answer = worker_answer(secret, parsed, own)
     assert client_finish(secret, hello, answer) == worker_key
 
@@ -196,21 +205,43 @@ def test_handshake_binds_secret_and_measurement(tiny_model):
     # fresh nonces: the same secret and measurement give another key in another session
     again = derive_session_key(secret, fresh_nonce(), fresh_nonce(), hello.request_id, own)
     assert again != worker_key
-    for bad in [{}, {**hello.to_json(), "client_nonce": "00"}, {**hello.to_json(), "request_id": "x/y"}]:
+    signed = hello.to_json(secret)
+    for bad in [{}, {**signed, "client_nonce": "00"}, {**signed, "request_id": "x/y"}]:
         with pytest.raises(ValueError):
             parse_hello(bad)
 
 
+def _secret_file(path, data: bytes, mode: int = 0o600):
+    path.write_bytes(data)
+    path.chmod(mode)
+    return path
+
+
 def test_secret_file_errors(tmp_path):
-    short = tmp_path / "short"
-    short.write_bytes(b"abc\n")
-    with pytest.raises(ValueError, match="at least 16"):
-        read_secret(short)
-    with pytest.raises(ValueError, match="secret file"):
+    """The secret is 32 random bytes (raw, or 64 hex digits), in a file only its owner can read."""
+    raw = os.urandom(32)
+    assert read_secret(_secret_file(tmp_path / "raw", raw)) == raw
+    assert read_secret(_secret_file(tmp_path / "hex", raw.hex().encode() + b"\n")) == raw
+    refused = {
+        "short": (os.urandom(16), 0o600, "16 bytes; the secret is exactly 32 random bytes"),
+        "long": (os.urandom(33), 0o600, "33 bytes; the secret is exactly 32 random bytes"),
+        "passphrase": (b"correct horse battery staple!\n", 0o600, "holds text .*a passphrase"),
+        "32 printable": (b"k" * 32, 0o600, r"holds text \(32 characters"),
+        "pattern": (bytes(range(8)) * 4, 0o600, "8 distinct byte values: a pattern"),
+        "hex of a pattern": (bytes(32).hex().encode(), 0o600, "1 distinct byte values"),
+        "world-readable": (raw, 0o644, r"accessible to group or others \(mode 644\); .*chmod 600"),
+        "group-readable": (raw, 0o640, "accessible to group or others"),
+    }
+    for name, (data, mode, message) in refused.items():
+        with pytest.raises(ValueError, match=message):
+            read_secret(_secret_file(tmp_path / name.replace(" ", "-"), data, mode))
+    with pytest.raises(ValueError, match="secret file .*missing: No such file"):
         read_secret(tmp_path / "missing")
-    good = tmp_path / "good"
-    good.write_bytes(b"k" * 32 + b"\n")
-    assert read_secret(good) == b"k" * 32
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_secret(tmp_path)
+    for secret in [b"s" * 32, os.urandom(31), "x" * 32]:
+        with pytest.raises(ValueError, match="RemoteEncoder secret"):
+            RemoteEncoder("http://127.0.0.1:9", secret)
 
 
 @pytest.fixture(scope="module")

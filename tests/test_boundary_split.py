@@ -23,7 +23,7 @@ from whisperkv.boundary.client import RemoteEncoder
 from whisperkv.boundary.worker import background_worker, create_app
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = b"split-test-secret-0123456789abcdef"
+SECRET = os.urandom(32)  # the shared secret is 32 random bytes
 
 
 def _free_port() -> int:
@@ -35,7 +35,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def secret_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("boundary") / "secret"
-    path.write_bytes(SECRET + b"\n")
+    path.write_bytes(SECRET)
+    path.chmod(0o600)  # the worker refuses a secret file others can read
     return path
 
 
@@ -133,6 +134,7 @@ def test_cli_remote_transcribe_and_one_line_refusal(
     jfk = speech_dir / "en" / "jfk.flac"
     wrong = tmp_path / "wrong-secret"
     wrong.write_bytes(os.urandom(32))
+    wrong.chmod(0o600)
     out_ok, out_bad = tmp_path / "ok", tmp_path / "bad"
     base = ["transcribe", str(jfk), "--encoder_url", process_worker, "--carry", "cross_kv"]
     base += ["--verbose", "False", "-f", "txt", "--word_timestamps", "True"]
@@ -146,7 +148,8 @@ def test_cli_remote_transcribe_and_one_line_refusal(
     assert captured.out == "" and len(lines) == 1, captured
     assert (
         lines[0].startswith("whisperkv: error: ")
-        and "refusing sealed cache: key confirmation failed" in lines[0]
+        and "refusing sealed cache: " in lines[0]
+        and "hello's tag does not verify: the decoder holds another secret" in lines[0]
     )
     assert not out_bad.exists() or not any(out_bad.iterdir())  # no transcript, no partial file
     assert cli.main([*base, "--secret_file", str(tmp_path / "missing"), "-o", str(out_bad)]) == 2

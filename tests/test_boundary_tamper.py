@@ -28,7 +28,7 @@ from whisperkv.boundary.worker import background_worker, create_app
 from whisperkv.cache.store import CacheStore
 from whisperkv.errors import SealedCacheError
 
-SECRET = b"s" * 32
+SECRET = os.urandom(32)  # the shared secret is 32 random bytes
 LABEL_FIELDS = {f.name for f in fields(PartLabel)}
 Tamper = Callable[[str, int, bytes], bytes]  # (path, index of that path's call, body) -> body
 
@@ -131,7 +131,8 @@ def test_untampered_proxy_passes(tiny_model, worker_url, jfk_audio):
         with RemoteEncoder(proxy.url, SECRET) as encoder:
             remote = tiny_model.transcribe(jfk_audio, encoder=encoder, verbose=None)
     local = tiny_model.transcribe(jfk_audio, verbose=None)
-    assert remote["text"] == local["text"] and proxy.calls == {"/v1/session": 1, "/v1/encode": 1}
+    assert remote["text"] == local["text"]
+    assert proxy.calls == {"/v1/session": 1, "/v1/encode": 1, "/v1/session/close": 1}  # close frees the slot
 
 
 def test_flipped_byte_anywhere_is_refused(tiny_model, worker_url, jfk_audio):
@@ -263,7 +264,10 @@ def test_worker_with_other_weights_is_refused(tiny_model, other_weights_model, j
 
 
 def test_worker_with_another_secret_is_refused(tiny_model, worker_url, jfk_audio):
-    _refused(tiny_model, worker_url, jfk_audio, "key confirmation failed", secret=os.urandom(32))
+    # the worker refuses the hello itself: it keeps nothing for a decoder without its secret
+    _refused(
+        tiny_model, worker_url, jfk_audio, "status 403: .*hello's tag does not verify", secret=os.urandom(32)
+    )
 
 
 def test_worker_of_the_other_carry_mode_is_refused(tiny_model, worker_url, jfk_audio):
@@ -278,12 +282,14 @@ def test_worker_refuses_replayed_requests_and_garbage(tiny_model, worker_url, tw
             sent.append(body)
         return body
 
-    with proxy_to(worker_url, tamper_request=keep) as proxy, RemoteEncoder(proxy.url, SECRET) as enc:
-        mel, start, end = two_windows[0]
-        CacheStore(encoder=enc).encode(tiny_model, mel, start, end)
     with httpx.Client(trust_env=False, timeout=60) as client:
-        again = client.post(worker_url + "/v1/encode", content=sent[0])
-        assert again.status_code == 409 and "replayed or reordered request" in again.json()["error"]
+        with proxy_to(worker_url, tamper_request=keep) as proxy, RemoteEncoder(proxy.url, SECRET) as enc:
+            mel, start, end = two_windows[0]
+            CacheStore(encoder=enc).encode(tiny_model, mel, start, end)
+            again = client.post(worker_url + "/v1/encode", content=sent[0])  # while the session is open
+            assert again.status_code == 409 and "replayed or reordered request" in again.json()["error"]
+        closed = client.post(worker_url + "/v1/encode", content=sent[0])  # the encoder closed its session
+        assert closed.status_code == 404 and "no session for request id" in closed.json()["error"]
         garbage = client.post(worker_url + "/v1/encode", content=b"hello")
         assert garbage.status_code == 400 and "malformed blob" in garbage.json()["error"]
         huge = client.post(worker_url + "/v1/encode", content=bytes(9 * 2**20))

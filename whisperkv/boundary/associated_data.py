@@ -17,6 +17,12 @@ from whisperkv.errors import SealedCacheError
 #: version of the blob layout and of this label; a blob of another version is refused
 FORMAT_VERSION = 1
 
+#: a label is a few hundred bytes; a longer one is refused before it is parsed
+MAX_LABEL_BYTES = 2048
+#: bounds on a label's integers: positions and sizes far above any real window, below any overflow
+MAX_INT = 2**62
+MAX_DIMS = 8
+
 #: what a part holds: the log-Mel window sent to the worker, or what the worker sends back
 KINDS = ("log_mel", "features", "cross_kv")
 
@@ -64,21 +70,26 @@ class PartLabel:
 
 def parse_label(data: bytes) -> PartLabel:
     """Read a label from a blob; anything that is not a canonical label is refused (a SealedCacheError)."""
+    if len(data) > MAX_LABEL_BYTES:
+        raise SealedCacheError(
+            f"malformed blob: associated data of {len(data)} bytes (at most {MAX_LABEL_BYTES})",
+            "associated data",
+        )
     try:
         record = json.loads(data.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise SealedCacheError("malformed blob: associated data is not a label", "associated data") from None
     names = [f.name for f in fields(PartLabel)]
     if not isinstance(record, dict) or sorted(record) != sorted(names):
         raise SealedCacheError(
             "malformed blob: associated data does not hold the label fields", "associated data"
         )
-    try:
-        label = PartLabel(**{**record, "shape": tuple(record["shape"])})
-    except TypeError:
+    if not isinstance(record["shape"], list) or len(record["shape"]) > MAX_DIMS:
         raise SealedCacheError(
-            "malformed blob: associated data shape is not a list", "associated data"
-        ) from None
+            f"malformed blob: associated data shape is not a list of at most {MAX_DIMS} sizes",
+            "associated data",
+        )
+    label = PartLabel(**{**record, "shape": tuple(record["shape"])})
     types = {
         "format": int,
         "kind": str,
@@ -93,9 +104,17 @@ def parse_label(data: bytes) -> PartLabel:
         "seq": int,
     }
     if any(type(record[name]) is not kind for name, kind in types.items()) or not all(
-        type(s) is int and s >= 0 for s in label.shape
+        type(s) is int and 0 <= s < 2**31 for s in label.shape
     ):
         raise SealedCacheError("malformed blob: a label field has the wrong type", "associated data")
+    if not (
+        0 <= label.window_start < MAX_INT and 0 <= label.window_end < MAX_INT and 0 <= label.seq < MAX_INT
+    ):
+        raise SealedCacheError(
+            "malformed blob: a label's window or sequence number is out of range", "associated data"
+        )
+    if not -1 <= label.layer < 2**16 or label.format != FORMAT_VERSION:
+        raise SealedCacheError("malformed blob: a label's layer or format is out of range", "associated data")
     if label.encode() != data:
         raise SealedCacheError("malformed blob: associated data is not in canonical form", "associated data")
     if label.dtype not in ("float32", "float16", "bfloat16") or label.kind not in KINDS:

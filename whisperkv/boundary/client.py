@@ -9,19 +9,21 @@ an error status, a malformed, altered, truncated, swapped or replayed blob — i
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import httpx
 import torch
 
 from whisperkv.boundary.costs import WindowCosts, stopwatch
-from whisperkv.boundary.handshake import ClientHello, client_finish
-from whisperkv.boundary.keys import DIRECTION_REQUEST, DIRECTION_RESPONSE, fresh_nonce, measure
+from whisperkv.boundary.handshake import ClientHello, client_finish, close_tag
+from whisperkv.boundary.keys import DIRECTION_REQUEST, DIRECTION_RESPONSE, check_secret, fresh_nonce, measure
 from whisperkv.boundary.protocol import request_label, response_labels
 from whisperkv.boundary.replay import DecoderSequence
-from whisperkv.boundary.sealing import open_sealed, seal, tensor_bytes, tensor_from_bytes
+from whisperkv.boundary.sealing import open_sealed, seal, sealed_size, tensor_bytes, tensor_from_bytes
 from whisperkv.cache.kv import CrossKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.cache.store import EncodedWindow
@@ -32,10 +34,22 @@ if TYPE_CHECKING:
 
 #: worker cost headers (milliseconds; informative only, never trusted for a decision)
 COST_HEADERS = ("open", "encoder", "projection", "seal")
+MAX_ANSWER_BYTES = 4096  # a handshake answer is about 400 bytes
+#: an answer may exceed its exact expected size by this much (labels of another window differ in length)
+#: and still be read, so that a swapped or replayed answer is refused by the label field that differs
+LABEL_SLACK_BYTES = 4096
+MAX_ERROR_BYTES = 65536  # an error answer's body is read up to this, then cut
+CLOSE_TIMEOUT_S = 2.0
 
 
 class RemoteEncoder:
-    """Encode windows on a worker at ``url`` (``http://127.0.0.1:8001``), sealed with ``secret``."""
+    """Encode windows on a worker at ``url`` (``http://127.0.0.1:8001``), sealed with ``secret``.
+
+    ``secret`` is the 32 random bytes the worker holds (``keys.read_secret``). ``timeout`` bounds each
+    network operation; ``deadline`` (default: ``timeout``) bounds a whole exchange — a window's answer, or
+    the handshake — so a worker that trickles its answer is cut off. An answer is read up to the exact
+    size its expected shapes give, never more.
+    """
 
     def __init__(
         self,
@@ -44,12 +58,15 @@ class RemoteEncoder:
         carry: str = "features",
         timeout: float = 120.0,
         client: httpx.Client | None = None,
+        deadline: float | None = None,
     ) -> None:
         if carry not in ("features", "cross_kv"):
             raise ValueError(f"unknown carry mode {carry!r}: features or cross_kv")
         self.url = url.rstrip("/")
-        self.secret = secret
+        self.secret = check_secret(secret, "the RemoteEncoder secret")
         self.carry = carry
+        self.timeout = timeout
+        self.deadline = timeout if deadline is None else deadline
         self.client = client or httpx.Client(timeout=timeout, trust_env=False)
         self.request_id = ""
         self._key: bytes | None = None
@@ -57,20 +74,32 @@ class RemoteEncoder:
         self._sequence = DecoderSequence()
         self._lock = threading.Lock()
 
-    def _post(self, path: str, **kwargs) -> httpx.Response:
+    def _post(
+        self, path: str, limit: int, deadline: float | None = None, **kwargs
+    ) -> tuple[httpx.Headers, bytes]:
+        """POST and read the answer: at most ``limit`` bytes, whole within ``deadline`` seconds.
+
+        The body is read as it streams (no content coding), so an oversized or endless answer stops at
+        the limit; anything but a 200 is a SealedCacheError carrying the worker's error text.
+        """
+        deadline = self.deadline if deadline is None else deadline
+        ends = time.monotonic() + deadline
+        headers = {**kwargs.pop("headers", {}), "accept-encoding": "identity"}
+        timeout = httpx.Timeout(min(self.timeout, deadline))
         try:
-            response = self.client.post(self.url + path, **kwargs)
+            with self.client.stream(
+                "POST", self.url + path, headers=headers, timeout=timeout, **kwargs
+            ) as response:
+                ok = response.status_code == 200
+                body = _read_capped(response, limit if ok else MAX_ERROR_BYTES, ends, deadline, path, ok)
         except httpx.HTTPError as err:
             raise SealedCacheError(f"encoder worker {self.url} unreachable: {err}", "transport") from None
-        if response.status_code != 200:
-            try:
-                detail = response.json().get("error", response.text)
-            except ValueError:
-                detail = response.text[:200]
+        if not ok:
             raise SealedCacheError(
-                f"encoder worker refused {path} with status {response.status_code}: {detail}", "worker"
+                f"encoder worker refused {path} with status {response.status_code}: {_error_detail(body)}",
+                "worker",
             )
-        return response
+        return response.headers, body
 
     def _session(self, model: Whisper) -> bytes:
         """The session key for ``model``, after a handshake the first time."""
@@ -82,10 +111,10 @@ class RemoteEncoder:
                     )
                 return self._key
             hello = ClientHello(secrets.token_hex(16), fresh_nonce(), measure(model, self.carry))
-            response = self._post("/v1/session", json=hello.to_json())
+            _, body = self._post("/v1/session", MAX_ANSWER_BYTES, json=hello.to_json(self.secret))
             try:
-                answer = response.json()
-            except ValueError:
+                answer = json.loads(body)
+            except (ValueError, RecursionError):
                 raise SealedCacheError("handshake answer is not JSON", "handshake") from None
             self._key = client_finish(self.secret, hello, answer)
             self.request_id = hello.request_id
@@ -107,13 +136,15 @@ class RemoteEncoder:
         costs = WindowCosts(provenance.window_start, provenance.window_end, self.carry)
         with stopwatch() as seal_ms:
             body = seal(key, DIRECTION_REQUEST, [asked], [tensor_bytes(mel)])
-        with stopwatch() as round_trip_ms:
-            response = self._post(
-                "/v1/encode", content=body, headers={"content-type": "application/octet-stream"}
-            )
-            blob = response.content
-        worker = {name: _header_ms(response, name) for name in COST_HEADERS}
         expected = response_labels(model, asked, self.carry)
+        with stopwatch() as round_trip_ms:
+            headers, blob = self._post(
+                "/v1/encode",
+                sealed_size(expected) + LABEL_SLACK_BYTES,
+                content=body,
+                headers={"content-type": "application/octet-stream"},
+            )
+        worker = {name: _header_ms(headers, name) for name in COST_HEADERS}
         with stopwatch() as open_ms:
             payloads = open_sealed(key, DIRECTION_RESPONSE, blob, expected)
             self._sequence.accept(seq)  # a blob opens once
@@ -137,6 +168,15 @@ class RemoteEncoder:
         return EncodedWindow(provenance, features, cross_kv, costs)
 
     def close(self) -> None:
+        """Ask the worker to free this session's slot (best effort, briefly), then close the client."""
+        with self._lock:
+            key, self._key = self._key, None
+        if key is not None:
+            record = {"request_id": self.request_id, "tag": close_tag(key, self.request_id).hex()}
+            try:
+                self._post("/v1/session/close", MAX_ANSWER_BYTES, CLOSE_TIMEOUT_S, json=record)
+            except SealedCacheError:
+                pass  # the worker expires an idle session anyway
         self.client.close()
 
     def __enter__(self) -> RemoteEncoder:
@@ -146,8 +186,48 @@ class RemoteEncoder:
         self.close()
 
 
-def _header_ms(response: httpx.Response, name: str) -> float:
+def _read_capped(
+    response: httpx.Response, limit: int, ends: float, deadline: float, path: str, ok: bool
+) -> bytes:
+    """The raw body of ``response``, refused past ``limit`` bytes or past the monotonic time ``ends``."""
+    coding = response.headers.get("content-encoding", "identity").lower()
+    if coding != "identity":
+        raise SealedCacheError(f"answer to {path} is {coding}-encoded; only identity is read", "transport")
+    declared = response.headers.get("content-length", "")
+    if ok and declared.isdigit() and int(declared) > limit:
+        raise SealedCacheError(
+            f"answer to {path} declares {int(declared)} bytes; the expected shapes need {limit}", "size"
+        )
+    chunks, size = [], 0
+    for chunk in response.iter_raw():
+        size += len(chunk)
+        if size > limit:
+            if not ok:
+                break  # an error's text, cut
+            raise SealedCacheError(
+                f"answer to {path} is over {limit} bytes, the size the expected shapes need", "size"
+            )
+        if time.monotonic() > ends:
+            raise SealedCacheError(f"no complete answer to {path} within {deadline:g} s", "deadline")
+        chunks.append(chunk)
+    if time.monotonic() > ends:
+        raise SealedCacheError(f"no complete answer to {path} within {deadline:g} s", "deadline")
+    return b"".join(chunks)
+
+
+def _error_detail(body: bytes) -> str:
+    """The worker's ``{"error": text}``, or the start of whatever else it sent."""
     try:
-        return float(response.headers.get(f"x-whisperkv-{name}-ms", "0"))
+        record = json.loads(body)
+    except (ValueError, RecursionError):
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("error"), str):
+        return record["error"][:500]
+    return body[:200].decode("utf-8", "replace")
+
+
+def _header_ms(headers: httpx.Headers, name: str) -> float:
+    try:
+        return float(headers.get(f"x-whisperkv-{name}-ms", "0"))
     except ValueError:
         return 0.0

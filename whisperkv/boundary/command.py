@@ -7,6 +7,7 @@ keeps the front end and decoding local and asks the worker for each window, seal
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_remote_encoder_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -35,11 +36,12 @@ def remote_encoder(args: argparse.Namespace):
 
 
 def add_parser(sub) -> None:
-    from whisperkv.cli_options import add_model_args, add_parser, positive_int
+    from whisperkv.cli_options import add_model_args, add_parser
+    from whisperkv.net_bind import port_number
 
     p = add_parser(sub, "encoder-worker", "serve the encoder over HTTP; every answer is sealed")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=positive_int, default=8001, help="port to listen on")
+    p.add_argument("--port", type=port_number, default=8001, help="port to listen on (0: any free one)")
     add_model_args(p)
     p.add_argument(
         "--compute_type",
@@ -55,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from whisperkv.boundary.keys import read_secret
     from whisperkv.boundary.worker import run_worker
     from whisperkv.cli import _load
+    from whisperkv.net_bind import check_can_listen
 
     secret = read_secret(args.secret_file)
-    run_worker(_load(args), secret, args.carry, args.host, args.port)
+    port = check_can_listen(args.host, args.port)  # a bad or busy port: one error line before the model loads
+    model = _load(args)
+    where = f"[{args.host}]:{port}" if ":" in args.host else f"{args.host}:{port}"
+    print(f"whisperkv encoder-worker: listening on http://{where}", file=sys.stderr, flush=True)
+    run_worker(model, secret, args.carry, args.host, port)
     return 0

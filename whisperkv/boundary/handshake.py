@@ -1,7 +1,11 @@
 """The session handshake: fresh nonces from both sides, a key each side derives alone, a confirmation.
 
-decoder → worker  {format, request_id, client_nonce, measurement the decoder expects}
+decoder → worker  {format, request_id, client_nonce, measurement the decoder expects, issued_at, tag}
 worker  → decoder {worker_nonce, the worker's own measurement, confirm}
+
+The hello's ``tag`` (HMAC-SHA256 under a key derived from the secret) is checked before the worker
+keeps anything: without the secret nobody opens a session, nor learns a ``confirm`` to guess it from.
+``issued_at`` and the worker's memory of recent request ids refuse a recorded hello sent again.
 
 Each side derives the key from the shared secret, both nonces, the request id and a measurement: the
 decoder from the one it expects, the worker from its own. ``confirm`` seals the handshake transcript
@@ -12,9 +16,12 @@ by name; one that lies about it still fails the confirmation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import time
+from dataclasses import dataclass, field, fields
 
-from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from whisperkv.boundary.associated_data import FORMAT_VERSION, canonical
@@ -25,6 +32,7 @@ from whisperkv.boundary.keys import (
     aead_nonce,
     derive_session_key,
     fresh_nonce,
+    hello_key,
 )
 from whisperkv.errors import SealedCacheError
 
@@ -41,24 +49,47 @@ def _transcript(request_id: str, client_nonce: bytes, worker_nonce: bytes, m: Me
     )
 
 
+#: how far a hello's ``issued_at`` may be from the worker's clock; a replayed hello is refused after that
+MAX_HELLO_SKEW_S = 300
+HELLO_FIELDS = frozenset({"format", "request_id", "client_nonce", "measurement", "issued_at", "tag"})
+HELLO_TAG_BYTES = 32  # HMAC-SHA256
+
+
+class HelloRefused(ValueError):
+    """A well-formed hello the worker will not act on: not authenticated, stale, or replayed (HTTP 403)."""
+
+
 @dataclass
 class ClientHello:
     request_id: str
     client_nonce: bytes
     expected: Measurement
+    issued_at: int = field(default_factory=lambda: int(time.time()))  # Unix seconds, the decoder's clock
 
-    def to_json(self) -> dict:
-        return {
-            "format": FORMAT_VERSION,
-            "request_id": self.request_id,
-            "client_nonce": self.client_nonce.hex(),
-            "measurement": self.expected.to_dict(),
-        }
+    def _signed_part(self) -> bytes:
+        return canonical(
+            {
+                "format": FORMAT_VERSION,
+                "request_id": self.request_id,
+                "client_nonce": self.client_nonce.hex(),
+                "measurement": self.expected.to_dict(),
+                "issued_at": self.issued_at,
+            }
+        )
+
+    def tag(self, secret: bytes) -> bytes:
+        """HMAC-SHA256 of everything else in the hello under the hello key (``keys.hello_key``)."""
+        mac = hmac.HMAC(hello_key(secret), hashes.SHA256())
+        mac.update(self._signed_part())
+        return mac.finalize()
+
+    def to_json(self, secret: bytes) -> dict:
+        return {**json.loads(self._signed_part()), "tag": self.tag(secret).hex()}
 
 
 def _hex(value: object, n: int, what: str) -> bytes:
     try:
-        data = bytes.fromhex(value) if isinstance(value, str) else b""
+        data = bytes.fromhex(value) if isinstance(value, str) and len(value) == 2 * n else b""
     except ValueError:
         data = b""
     if len(data) != n:
@@ -66,21 +97,56 @@ def _hex(value: object, n: int, what: str) -> bytes:
     return data
 
 
-def parse_hello(body: object) -> ClientHello:
-    """The worker reads a hello; a malformed one is a ValueError (HTTP 400)."""
-    if not isinstance(body, dict) or body.get("format") != FORMAT_VERSION:
+def _int(value: object) -> bool:
+    return type(value) is int
+
+
+def parse_hello(body: object) -> tuple[ClientHello, bytes]:
+    """The worker reads a hello and its tag; a malformed one is a ValueError (HTTP 400). Checks no tag."""
+    if not isinstance(body, dict) or not _int(body.get("format")) or body["format"] != FORMAT_VERSION:
         raise ValueError(f"handshake must be a JSON object of format {FORMAT_VERSION}")
-    request_id = body.get("request_id")
+    if "tag" not in body:
+        raise ValueError("the hello carries no tag: it is not authenticated with the shared secret")
+    if set(body) != HELLO_FIELDS:
+        raise ValueError(f"the hello must hold exactly the fields {', '.join(sorted(HELLO_FIELDS))}")
+    request_id = body["request_id"]
     if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64 or not request_id.isalnum():
         raise ValueError("request_id must be 8 to 64 letters or digits")
-    m = body.get("measurement")
+    if not request_id.isascii():
+        raise ValueError("request_id must be 8 to 64 letters or digits")
+    m = body["measurement"]
+    names = [f.name for f in fields(Measurement)]
+    if not isinstance(m, dict) or sorted(m) != sorted(names):
+        raise ValueError(f"measurement must hold exactly {', '.join(names)}")
+    if not all(isinstance(m[n], str) and len(m[n]) <= 128 for n in names):
+        raise ValueError("measurement fields must be strings of at most 128 characters")
+    issued_at = body["issued_at"]
+    if not _int(issued_at) or not 0 <= issued_at < 2**40:
+        raise ValueError("issued_at must be a whole number of seconds since 1970")
+    hello = ClientHello(
+        request_id,
+        _hex(body["client_nonce"], NONCE_BYTES, "client_nonce"),
+        Measurement(**{n: m[n] for n in names}),
+        issued_at,
+    )
+    return hello, _hex(body["tag"], HELLO_TAG_BYTES, "tag")
+
+
+def authenticate_hello(secret: bytes, hello: ClientHello, tag: bytes, now: float) -> None:
+    """Refuse (HelloRefused) a hello whose tag is not the secret's, or one issued too far from ``now``."""
+    mac = hmac.HMAC(hello_key(secret), hashes.SHA256())
+    mac.update(hello._signed_part())
     try:
-        expected = Measurement(**m) if isinstance(m, dict) else None
-    except TypeError:
-        expected = None
-    if expected is None:
-        raise ValueError("measurement must hold weights_digest, whisperkv_version and carry")
-    return ClientHello(request_id, _hex(body.get("client_nonce"), NONCE_BYTES, "client_nonce"), expected)
+        mac.verify(tag)
+    except InvalidSignature:
+        raise HelloRefused(
+            "the hello's tag does not verify: the decoder holds another secret than this worker"
+        ) from None
+    if abs(now - hello.issued_at) > MAX_HELLO_SKEW_S:
+        raise HelloRefused(
+            f"the hello was issued {now - hello.issued_at:.0f} s from the worker's clock (over "
+            f"{MAX_HELLO_SKEW_S} s): a replayed hello, or the two clocks differ"
+        )
 
 
 def worker_answer(secret: bytes, hello: ClientHello, own: Measurement) -> tuple[bytes, dict]:
@@ -125,3 +191,22 @@ def client_finish(secret: bytes, hello: ClientHello, answer: object) -> bytes:
             "key confirmation",
         ) from None
     return key
+
+
+def _close_mac(key: bytes, request_id: str) -> hmac.HMAC:
+    mac = hmac.HMAC(key, hashes.SHA256())
+    mac.update(canonical({"close": request_id, "format": FORMAT_VERSION, "protocol": "whisperkv-boundary"}))
+    return mac
+
+
+def close_tag(key: bytes, request_id: str) -> bytes:
+    """HMAC-SHA256 under the session key: the decoder asks the worker to close ``request_id``'s session."""
+    return _close_mac(key, request_id).finalize()
+
+
+def close_tag_valid(key: bytes, request_id: str, tag: bytes) -> bool:
+    try:
+        _close_mac(key, request_id).verify(tag)
+    except InvalidSignature:
+        return False
+    return True

@@ -64,6 +64,11 @@ def seal(key: bytes, direction: int, labels: list[PartLabel], payloads: list[byt
     return b"".join(out)
 
 
+def sealed_size(labels: list[PartLabel]) -> int:
+    """The exact length of the blob that seals parts with these ``labels`` (each label's payload size)."""
+    return 7 + sum(8 + len(label.encode()) + label.payload_nbytes + TAG_BYTES for label in labels)
+
+
 def read_parts(blob: bytes) -> list[tuple[bytes, bytes]]:
     """(label bytes, ciphertext) of every part; a blob that is not laid out exactly so is refused."""
     view = memoryview(blob)
