@@ -12,15 +12,16 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import av
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from whisperkv.audio_formats import ALLOWED_DEMUXERS, SniffedFormat
 from whisperkv.errors import AudioError
 from whisperkv.mp3_length import declared_mp3_samples
 
@@ -82,12 +83,65 @@ def decode_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> Iterator[np.
         raise AudioError(source, "is a directory, not a file")
     if file.stat().st_size == 0:
         raise AudioError(source, "empty file")
-    return _decode(source, file, sr)
+    return _decode(source, lambda: av.open(os.fspath(file)), lambda: open(file, "rb"), sr, None)
 
 
-def _decode(source: str, file: Path, sr: int) -> Iterator[np.ndarray]:
+class AudioTooLongError(AudioError):
+    """The audio goes on past the longest a caller accepts (found while decoding, which then stops)."""
+
+    def __init__(self, source: str, limit_s: float) -> None:
+        self.limit_s = limit_s
+        super().__init__(source, f"longer than {limit_s:g} s")
+
+
+class NestedOpenRefused(PermissionError):
+    """A demuxer asked to open another file or URL named inside an untrusted input."""
+
+
+def _refuse_nested_open(url: str, flags: int, options: dict) -> None:
+    raise NestedOpenRefused(f"refused to open {url[:200]!r}, which the upload names")
+
+
+def decode_untrusted(
+    reopen: Callable[[], BinaryIO],
+    name: str,
+    sniffed: SniffedFormat,
+    sr: int = SAMPLE_RATE,
+    max_samples: int | None = None,
+) -> Iterator[np.ndarray]:
+    """:func:`decode_audio` for bytes a client sent: ``reopen()`` gives them from the start (a fresh
+    reader each time), read only by ``sniffed``'s demuxer (see :mod:`whisperkv.audio_formats`), with
+    no protocol and no nested open allowed. Past ``max_samples`` samples at ``sr`` it raises
+    :class:`AudioTooLongError` and decodes no further, so a tiny file of compressed silence costs no
+    more than the limit."""
+
+    def open_container() -> av.container.InputContainer:
+        container = av.open(
+            reopen(),
+            format=sniffed.demuxer,
+            container_options={"protocol_whitelist": "none", **sniffed.options},
+            io_open=_refuse_nested_open,
+        )
+        used = container.format.name
+        if used != sniffed.demuxer or used not in ALLOWED_DEMUXERS:
+            container.close()
+            raise NestedOpenRefused(f"opened as {used!r}, which is not an allowed audio demuxer")
+        return container
+
+    return _decode(name, open_container, reopen, sr, max_samples)
+
+
+def _decode(
+    source: str,
+    open_container: Callable[[], av.container.InputContainer],
+    reopen: Callable[[], BinaryIO],
+    sr: int,
+    max_samples: int | None,
+) -> Iterator[np.ndarray]:
     try:
-        container = av.open(os.fspath(file))
+        container = open_container()
+    except NestedOpenRefused as e:
+        raise AudioError(source, str(e)) from e
     except EOFError as e:  # PyAV's EOFError: the file ends before its header does
         raise AudioError(source, "truncated or corrupt audio (file ends inside the header)") from e
     except OSError as e:  # e.g. permission denied
@@ -114,17 +168,21 @@ def _decode(source: str, file: Path, sr: int) -> Iterator[np.ndarray]:
                     decoded_samples += frame.samples
                     for out in resampler.resample(frame):
                         produced += out.samples
+                        _refuse_past(source, produced, max_samples, sr)
                         yield _samples(out)
             # The resampler holds back a few samples for its filter; ask for them explicitly.
             for out in resampler.resample(None):
                 produced += out.samples
+                _refuse_past(source, produced, max_samples, sr)
                 yield _samples(out)
+        except NestedOpenRefused as e:
+            raise AudioError(source, str(e)) from e
         except (av.FFmpegError, OSError, ValueError) as e:
             # Raised mid-stream, typically by the decoder on a frame cut off by truncation.
             raise AudioError(source, f"truncated or corrupt audio ({_describe(e)})") from e
 
         # Some truncations decode cleanly to the end of what is there. Catch the ones we can prove.
-        if demuxer_flagged_short_read and not _wav_length_unknown(file):
+        if demuxer_flagged_short_read and not _wav_length_unknown(reopen):
             # The demuxer asked for bytes the header promised and the file did not have.
             raise AudioError(source, "truncated or corrupt audio (file ends before its header says)")
         rate = stream.codec_context.sample_rate
@@ -137,7 +195,8 @@ def _decode(source: str, file: Path, sr: int) -> Iterator[np.ndarray]:
                 )
         if container.format.name == "mp3" and rate:
             # An MP3's only length field is the frame count of a Xing/Info or VBRI frame, when it has one.
-            declared = declared_mp3_samples(file)
+            with reopen() as head:
+                declared = declared_mp3_samples(head)
             if declared and declared - decoded_samples > _MP3_TOLERANCE_FRAMES * 1152:
                 raise AudioError(
                     source,
@@ -149,6 +208,11 @@ def _decode(source: str, file: Path, sr: int) -> Iterator[np.ndarray]:
         # shorter audio.
     if produced == 0:
         raise AudioError(source, "no audio samples")
+
+
+def _refuse_past(source: str, produced: int, max_samples: int | None, sr: int) -> None:
+    if max_samples is not None and produced > max_samples:
+        raise AudioTooLongError(source, max_samples / sr)
 
 
 def _refuse_non_finite(source: str, frame: av.AudioFrame, first_sample: int) -> None:
@@ -182,7 +246,7 @@ def _describe(error: Exception) -> str:
 _WAV_PLACEHOLDER_SIZE = 0x7FFF0000  # data sizes from here up are "unknown", not a real 2-4 GiB length
 
 
-def _wav_length_unknown(file: Path) -> bool:
+def _wav_length_unknown(reopen: Callable[[], BinaryIO]) -> bool:
     """True for a RIFF/WAVE file whose data chunk size is a placeholder rather than a real length.
 
     Programs that write WAV to a pipe cannot go back and fill in the size, so they leave 0 or a value
@@ -192,7 +256,7 @@ def _wav_length_unknown(file: Path) -> bool:
     that was cut short is not caught.)
     """
     try:
-        with open(file, "rb") as f:
+        with reopen() as f:
             riff = f.read(12)
             if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
                 return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -120,11 +120,29 @@ class FileSource:
     """
 
     def __init__(self, path: str | os.PathLike, n_mels: int) -> None:
-        self.name = str(path)
-        self._path = path
+        self._setup(str(path), n_mels, lambda: decode_audio(path), lambda: _stamp(path))
+
+    @classmethod
+    def over(cls, name: str, decode: Callable[[], Iterator[np.ndarray]], n_mels: int) -> FileSource:
+        """A source over audio that cannot change while read (a server's copy of an upload): each
+        ``decode()`` yields its int16 blocks from the start, as :func:`~whisperkv.audio.decode_audio`."""
+        source = cls.__new__(cls)
+        source._setup(name, n_mels, decode, None)
+        return source
+
+    def _setup(
+        self,
+        name: str,
+        n_mels: int,
+        decode: Callable[[], Iterator[np.ndarray]],
+        stamp: Callable[[], tuple[int, int]] | None,
+    ) -> None:
+        self.name = name
+        self._decode = decode
         self._n_mels = n_mels
-        self._stream = _SampleStream(path)  # checks the file exists and is one
-        self._stamp = _stamp(path)
+        self._stream = _SampleStream(decode())  # checks the file exists and is one
+        self._stamp_now = stamp
+        self._stamp = stamp() if stamp is not None else None
         self._n_samples: int | None = None
         self._peak: torch.Tensor | None = None
         self._blocks: OrderedDict[int, torch.Tensor] = OrderedDict()  # block index -> log10 Mel power
@@ -215,7 +233,7 @@ class FileSource:
         if start < self._stream.start:
             self.rewinds += 1
             self._restart()
-        if self._stream.unread and _stamp(self._path) != self._stamp:
+        if self._stream.unread and self._stamp_now is not None and self._stamp_now() != self._stamp:
             raise AudioError(self.name, "the file changed while it was being read")
         waveform = self._stream.read(start, stop)
         if self._stream.total is not None:
@@ -226,14 +244,14 @@ class FileSource:
 
     def _restart(self) -> None:
         self._stream.close()
-        self._stream = _SampleStream(self._path)
+        self._stream = _SampleStream(self._decode())
 
 
 class _SampleStream:
     """A file's int16 samples decoded forward on demand, keeping only those not yet forgotten."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._blocks: Iterator[np.ndarray] = decode_audio(path)
+    def __init__(self, blocks: Iterator[np.ndarray]) -> None:
+        self._blocks = blocks
         self.start = 0  # sample index of buffer[0]
         self.buffer = np.zeros(0, dtype=np.int16)
         self.total: int | None = None  # the file's length, once decoded to the end

@@ -10,20 +10,23 @@ be detected.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import BinaryIO
 
 _SAMPLES_PER_FRAME = {3: 1152, 2: 576, 0: 576}  # Layer III, by version id: MPEG-1, MPEG-2, MPEG-2.5
 _SEARCH_BYTES = 4096  # how far past the ID3v2 tag the first frame may start (junk, padding)
 
 
-def declared_mp3_samples(path: str | os.PathLike) -> int | None:
+def declared_mp3_samples(path: str | os.PathLike | BinaryIO) -> int | None:
     """Samples per channel, at the file's own rate, that the Xing/Info or VBRI frame counts; else None.
 
     The count includes the encoder's delay and padding (which the decoder trims), so a complete file
-    decodes to slightly fewer samples — at most a couple of frames fewer.
+    decodes to slightly fewer samples — at most a couple of frames fewer. ``path`` may be an open binary
+    file (read from its start; not closed).
     """
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
             head = f.read(10)
             if head[:3] == b"ID3" and len(head) == 10:
                 size = (head[6] << 21) | (head[7] << 14) | (head[8] << 7) | head[9]  # syncsafe integer

@@ -30,6 +30,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _audio_seconds(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 1e7:  # also refuses nan and inf (the limit is counted in samples)
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most 1e7, got {text}")
+    return value
+
+
 def _seconds_or_off(text: str) -> float:
     value = _number(text)
     if not 0 <= value < 1e6:  # also refuses nan and inf (a wait that long overflows the lock's timeout)
@@ -56,6 +63,12 @@ def add_serve_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--max_upload_mb", type=_positive_float, default=100.0, help="largest upload (default: 100)"
+    )
+    p.add_argument(
+        "--max_audio_s",
+        type=_audio_seconds,
+        default=10800.0,
+        help="longest audio an upload may hold, in seconds; longer is a 413 (default: 10800, 3 hours)",
     )
     p.add_argument(
         "--api_key",
@@ -126,6 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
+        max_audio_s=args.max_audio_s,
     )
     app = create_app(model, scheduler, settings)
     config = uvicorn.Config(

@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from whisperkv import errors as engine_errors
 from whisperkv.audio import SAMPLE_RATE
+from whisperkv.audio_source import AudioSource
 from whisperkv.engine import Job, JobHandle, TranscribeOptions
 from whisperkv.errors import AudioError
 from whisperkv.serve.auth import require_api_key
@@ -25,7 +26,7 @@ from whisperkv.serve.errors import APIError, error_body
 from whisperkv.serve.jobs import ClientDisconnected, iterate_segments, wait_for_result
 from whisperkv.serve.request import parse_audio_request
 from whisperkv.serve.responses import delta_event, done_event, error_event, format_result
-from whisperkv.serve.upload import decode_upload
+from whisperkv.serve.upload import open_upload
 
 router = APIRouter(prefix="/v1/audio", dependencies=[Depends(require_api_key)])
 
@@ -40,7 +41,16 @@ def _refuse_if_shutting_down(request: Request) -> None:
         raise APIError(503, "the server is shutting down; retry on another instance", code="shutting_down")
 
 
-def _submit(request: Request, audio: np.ndarray, options: dict) -> JobHandle:
+def _refuse_if_queue_full(request: Request) -> None:
+    """The scheduler's own check, made early from its counts (submitting checks again, under its lock)."""
+    scheduler = request.app.state.scheduler
+    stats = scheduler.stats()
+    if stats["queue_depth"] + stats["active_jobs"] >= scheduler.max_queue:
+        busy = f"{scheduler.max_queue} jobs are queued or running; try again later"
+        raise _engine_error(request, engine_errors.QueueFullError(busy))
+
+
+def _submit(request: Request, audio: np.ndarray | AudioSource, options: dict) -> JobHandle:
     """Make the job (options checked, its first log-Mel made by the app's Mel thread: blocking, so in a
     worker thread) and queue it.
 
@@ -89,11 +99,14 @@ async def _handle(request: Request, task: str) -> Response:
             served_names=settings.served_names,
             multilingual=model.is_multilingual,
         )
-        waveform = await run_in_threadpool(decode_upload, parsed.upload, settings.max_upload_bytes)
+        _refuse_if_queue_full(request)  # before the upload is decoded: a 429 costs no decoding
+        audio = await run_in_threadpool(
+            open_upload, parsed.upload, settings.max_upload_bytes, settings.max_audio_s, model.dims.n_mels
+        )
     _refuse_if_shutting_down(request)
-    duration = len(waveform) / SAMPLE_RATE
-    handle = await run_in_threadpool(_submit, request, waveform, parsed.options)
-    del waveform  # the job holds what it needs
+    duration = (len(audio) if isinstance(audio, np.ndarray) else audio.n_samples) / SAMPLE_RATE
+    handle = await run_in_threadpool(_submit, request, audio, parsed.options)
+    del audio  # the job holds what it needs
     if parsed.stream:
         return StreamingResponse(_events(request, handle), media_type="text/event-stream")
     try:

@@ -15,6 +15,9 @@ class ServeSettings:
     model_name: str = "tiny.en"
     api_key: str | None = None
     max_upload_bytes: int = 100 * 1024 * 1024
+    #: longest audio an upload may hold, in seconds (``--max_audio_s``): longer is a 413, found while
+    #: decoding; it bounds the work one request asks for (memory is bounded anyway: read by windows)
+    max_audio_s: float = 3 * 3600.0
     #: seconds a client is told to wait (``Retry-After``) when the queue is full
     retry_after_s: int = 1
     #: seconds a client has to send a whole request body (a trickling upload is a 408 after it)

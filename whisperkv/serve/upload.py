@@ -1,23 +1,35 @@
-"""The uploaded audio: a request body capped while it is read, and the file part decoded to a waveform.
+"""The uploaded audio: a request body capped while it is read, and the file part opened only as audio.
 
 The cap is enforced on the byte stream itself (an ASGI middleware counting body chunks), so an oversized
 upload is refused after at most ``limit`` bytes were read, whatever its Content-Length claims; nothing is
-buffered beyond that (Starlette spools file parts to disk above 1 MiB). The file part is then written to
-a temporary file and decoded by the same ``load_audio`` the CLI uses, so a transcript over HTTP starts
-from the very waveform ``transcribe(path)`` would.
+buffered beyond that (Starlette spools file parts to disk above 1 MiB).
+
+The file part is a stranger's bytes. Its name is never used: the bytes are copied to an anonymous
+temporary file and read by the one demuxer their magic bytes call for, out of an allow-list of audio
+formats (:mod:`whisperkv.audio_formats`), with no protocol and no nested open, so a playlist or concat
+list cannot make the server read its own disk whatever it is called. Decoding stops as soon as the
+audio passes ``--max_audio_s``, and an upload longer than a minute is read window by window (a
+:class:`~whisperkv.audio_source.FileSource` over the copy), so memory stays bounded whatever the
+compression ratio. The samples are those ``load_audio`` gives the CLI for the same bytes, so a
+transcript over HTTP starts from the very waveform ``transcribe(path)`` would.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from whisperkv.audio import load_audio
+from whisperkv.audio import SAMPLE_RATE, AudioTooLongError, decode_untrusted, int16_to_float
+from whisperkv.audio_formats import UnsupportedUpload, sniff_audio_format
+from whisperkv.audio_source import IN_MEMORY_SECONDS, AudioSource, FileSource
 from whisperkv.errors import AudioError
 from whisperkv.serve.errors import APIError, error_body
 
@@ -76,10 +88,13 @@ async def _send_json(send: Send, status: int, body: dict) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-def decode_upload(upload: UploadFile, limit: int) -> np.ndarray:
-    """The upload's 16 kHz mono waveform (blocking: run it in a worker thread).
+def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int) -> np.ndarray | AudioSource:
+    """The upload as audio: its 16 kHz mono waveform when it lasts up to ``IN_MEMORY_SECONDS``, else a
+    source that reads it window by window, its whole length decoded once (blocking: run it in a worker
+    thread).
 
-    Raises APIError 413 when the file is over ``limit`` bytes and 400 when it is empty or not audio.
+    Raises APIError 413 when the file is over ``limit`` bytes or its audio over ``max_audio_s`` seconds,
+    and 400 when it is empty, not one of the accepted audio formats, or not decodable.
     """
     name = upload.filename or "upload"
     upload.file.seek(0, os.SEEK_END)
@@ -89,12 +104,93 @@ def decode_upload(upload: UploadFile, limit: int) -> np.ndarray:
         raise too_large(limit)
     if size == 0:
         raise APIError(400, f"{name}: empty file", param="file", code="invalid_audio")
-    suffix = os.path.splitext(name)[1][:16]  # a hint for the demuxer, as the CLI's file name is
-    with tempfile.NamedTemporaryFile(prefix="whisperkv-upload-", suffix=suffix) as copy:
-        shutil.copyfileobj(upload.file, copy, 1024 * 1024)
-        copy.flush()
-        try:
-            waveform = load_audio(copy.name)
-        except AudioError as err:
-            raise APIError(400, f"{name}: {err.reason}", param="file", code="invalid_audio") from None
-    return waveform
+    try:
+        sniffed = sniff_audio_format(upload.file)
+    except UnsupportedUpload as err:
+        raise APIError(400, f"{name}: {err}", param="file", code="invalid_audio") from None
+    copy = UploadCopy(upload.file, size)
+    max_samples = int(max_audio_s * SAMPLE_RATE)
+
+    def decode() -> Iterator[np.ndarray]:
+        return decode_untrusted(copy.reader, name, sniffed, max_samples=max_samples)
+
+    try:
+        waveform = _decode_if_short(decode(), int(IN_MEMORY_SECONDS * SAMPLE_RATE))
+        if waveform is not None:
+            return waveform
+        source = FileSource.over(name, decode, n_mels)
+        source.n_samples  # noqa: B018 - decodes it all once: the length, the log-Mel peak, the limit
+        return source
+    except AudioTooLongError:
+        raise APIError(
+            413,
+            f"{name}: the audio is longer than this server's limit of {max_audio_s:g} s (--max_audio_s)",
+            param="file",
+            code="audio_too_long",
+        ) from None
+    except AudioError as err:
+        raise APIError(400, f"{name}: {err.reason}", param="file", code="invalid_audio") from None
+
+
+def _decode_if_short(blocks: Iterator[np.ndarray], most: int) -> np.ndarray | None:
+    """The whole waveform if the blocks end within ``most`` samples, else None (the rest not decoded)."""
+    kept: list[np.ndarray] = []
+    total = 0
+    try:
+        for block in blocks:
+            total += len(block)
+            if total > most:
+                return None
+            kept.append(block)
+    finally:
+        blocks.close()  # type: ignore[attr-defined] - a generator: closes its container
+    return int16_to_float(np.concatenate(kept))
+
+
+class UploadCopy:
+    """The upload's bytes in a temporary file that has no name at all (gone when this is), read through
+    any number of independent readers: each decode pass, and the checks after one, keep their own
+    position."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self._file = tempfile.TemporaryFile(prefix="whisperkv-upload-")
+        file.seek(0)
+        shutil.copyfileobj(file, self._file, 1024 * 1024)
+        self._file.flush()
+        self.size = size
+
+    def reader(self) -> BinaryIO:
+        return _PositionalReader(self, self._file.fileno(), self.size)
+
+
+class _PositionalReader(io.RawIOBase):
+    """A read-only view of a file descriptor with its own offset (``os.pread``), holding its owner."""
+
+    def __init__(self, owner: UploadCopy, fd: int, size: int) -> None:
+        super().__init__()
+        self._owner = owner  # keeps the temporary file open while a reader exists
+        self._fd = fd
+        self._size = size
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
+        data = os.pread(self._fd, min(len(buffer), max(0, self._size - self._at)), self._at)
+        buffer[: len(data)] = data
+        self._at += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise OSError("seek before the start of the upload")
+        self._at = base + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
