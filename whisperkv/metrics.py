@@ -1,38 +1,39 @@
-"""Word error rate, with the light normalisation needed to compare against reference transcripts."""
+"""Word error rate as the field computes it: Whisper's English normaliser, then jiwer's word alignment.
+
+Both sides go through openai-whisper's ``EnglishTextNormalizer`` rules (``whisperkv.normalizers``), so a
+figure printed here is comparable with the Whisper paper's and with any peer's measured the same way.
+A corpus WER is the sum of the edits over the sum of the reference words (``word_errors`` per clip).
+"""
 
 from __future__ import annotations
 
-import re
-import unicodedata
+from functools import lru_cache
 
-_PUNCT = re.compile(r"[^\w\s']|_")
+import jiwer
+
+from whisperkv.normalizers import EnglishTextNormalizer
+
+
+@lru_cache(maxsize=1)
+def english_normalizer() -> EnglishTextNormalizer:
+    """One normaliser per process: building one compiles its rules and reads the spelling table."""
+    return EnglishTextNormalizer()
 
 
 def normalize_text(text: str) -> str:
-    """Lower-case, drop punctuation (keeping in-word apostrophes), hyphens to spaces, collapse spaces."""
-    text = unicodedata.normalize("NFKC", text).lower().replace("-", " ")
-    text = _PUNCT.sub(" ", text)
-    text = re.sub(r"(?<!\w)'|'(?!\w)", " ", text)
-    return " ".join(text.split())
-
-
-def edit_distance(ref: list[str], hyp: list[str]) -> int:
-    """Levenshtein distance between two word lists (substitutions, insertions, deletions)."""
-    previous = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        current = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h))
-        previous = current
-    return previous[-1]
+    """Whisper's English normalisation: lower case, numbers as digits, American spelling, no symbols."""
+    return english_normalizer()(text)
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """(word edits, reference words) after normalisation; WER = edits / words, summed over a corpus."""
-    ref, hyp = normalize_text(reference).split(), normalize_text(hypothesis).split()
-    return edit_distance(ref, hyp), len(ref)
+    ref, hyp = normalize_text(reference), normalize_text(hypothesis)
+    alignment = jiwer.process_words(ref, hyp)
+    edits = alignment.substitutions + alignment.deletions + alignment.insertions
+    return edits, len(ref.split())
 
 
 def wer(reference: str, hypothesis: str) -> float:
+    """One clip's WER; a reference with no words counts every hypothesis word as an error."""
     errors, words = word_errors(reference, hypothesis)
     return errors / max(words, 1)
