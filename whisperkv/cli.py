@@ -1,4 +1,4 @@
-"""The ``whisperkv`` command: transcribe, verify, inspect, convert, models.
+"""The whisperkv command line: one parser, ten sub-commands (``COMMANDS``), one line of help each.
 
 ``whisperkv FILE...`` (no sub-command) transcribes, like the ``whisper`` command. A bad option value is
 one usage line naming the option (exit 2) before any work; a file that fails, for any reason, is one
@@ -9,6 +9,7 @@ or ``WHISPERKV_DEBUG=1``. The options of ``transcribe`` live in ``cli_options.py
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from whisperkv.batch import command as batch_command
 from whisperkv.boundary import command as boundary_command
 from whisperkv.cli_options import (
     CliParser,
+    DefaultsFormatter,
     add_debug_arg,
     add_model_args,
     add_parser,
@@ -31,6 +33,7 @@ from whisperkv.cli_options import (
     positive_int,
     transcribe_options,
     transcribe_parser,
+    unreadable_input,
 )
 from whisperkv.errors import WhisperKVError
 from whisperkv.explain import command as explain_command
@@ -38,9 +41,24 @@ from whisperkv.options_check import OptionError, check_transcribe_options
 from whisperkv.serve.command import add_serve_parser, cmd_serve
 from whisperkv.stream import command as stream_command
 
-COMMANDS = (
-    *("transcribe", "verify", "inspect", "convert", "models"),
-    *("batch", "explain", "encoder-worker", "serve", "stream"),
+#: every sub-command, in the order ``whisperkv --help`` lists them, with its one line there (54 characters
+#: at most: one line of an 80-column terminal); a command's own ``--help`` has the longer description
+COMMANDS = {
+    "transcribe": "transcribe audio files (the default command)",
+    "batch": "many files, resumable, on local processes or Ray",
+    "stream": "live transcription of a file or of PCM on stdin",
+    "serve": "serve the OpenAI audio API over HTTP",
+    "explain": "one window's journey through the model, as a web page",
+    "verify": "compare the cached decode with the no-cache reference",
+    "inspect": "model dimensions, the two caches' shapes and bytes",
+    "convert": "write a model as an OpenAI .pt or as safetensors",
+    "models": "list the models available offline",
+    "encoder-worker": "serve the encoder over HTTP, every answer sealed",
+}
+DESCRIPTION = "Speech recognition with Whisper: openai-whisper's options and outputs, with two caches."
+EPILOG = (
+    "'whisperkv FILE...' is short for 'whisperkv transcribe FILE...'. "
+    "'whisperkv COMMAND --help' shows the options of a command."
 )
 
 
@@ -67,6 +85,19 @@ def _failed(path: str, err: BaseException, debug: bool) -> None:
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
 
 
+def _readable_inputs(paths: Sequence[str]) -> list[str]:
+    """The inputs that can be opened; one error line for each other. Checked before the model loads, so
+    a misspelt name is said at once rather than seconds later; the other files still go on."""
+    readable = []
+    for path in paths:
+        why = unreadable_input(path)
+        if why is None:
+            readable.append(path)
+        else:
+            _error(f"{path}: {why}")
+    return readable
+
+
 def _load(args):
     import torch
 
@@ -91,6 +122,9 @@ def cmd_transcribe(args) -> int:
         raise OptionError("output_dir", f"cannot create {args.output_dir}: {err.strerror}") from None
     if args.batched and args.encoder_url:
         raise OptionError("encoder_url", "--batched does not encode through a remote worker yet")
+    readable = _readable_inputs(args.audio)
+    if not readable:
+        return 1
     encoder = boundary_command.remote_encoder(args)
     model = _load(args)
     language = args.language
@@ -108,8 +142,8 @@ def cmd_transcribe(args) -> int:
         "max_line_count": args.max_line_count,
         "max_words_per_line": args.max_words_per_line,
     }
-    failures = 0
-    for path in args.audio:
+    failures = len(args.audio) - len(readable)
+    for path in readable:
         try:
             if args.batched:
                 from whisperkv.batched import transcribe_batched
@@ -147,9 +181,12 @@ def cmd_verify(args) -> int:
     from whisperkv.verify import verify_file
 
     check_device(args.device)
+    readable = _readable_inputs(args.audio)
+    if not readable:
+        return 1
     model = _load(args)
-    reports, failures = [], 0
-    for path in args.audio:
+    reports, failures = [], len(args.audio) - len(readable)
+    for path in readable:
         try:
             report = verify_file(model, path, beam_size=args.beam_size, language=args.language)
             if args.encoder_url:
@@ -253,25 +290,68 @@ def cmd_models(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from whisperkv import __version__
 
-    parser = CliParser(prog="whisperkv", description=__doc__.splitlines()[0])
+    parser = CliParser(
+        prog="whisperkv", description=DESCRIPTION, epilog=EPILOG, formatter_class=_CommandListFormatter
+    )
     parser.add_argument("--version", action="version", version=f"whisperkv {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     boundary_command.add_remote_encoder_args(transcribe_parser(sub))
+    batch_command.add_parser(sub)
+    stream_command.add_parser(sub)
+    add_serve_parser(sub)
+    explain_command.add_parser(sub)
     _verify_parser(sub)
     _inspect_parser(sub)
     _convert_parser(sub)
     add_debug_arg(add_parser(sub, "models", "list models available offline"))
-    batch_command.add_parser(sub)
-    explain_command.add_parser(sub)
     boundary_command.add_parser(sub)
-    add_serve_parser(sub)
-    stream_command.add_parser(sub)
+    _one_line_each(sub)
     return parser
+
+
+class _CommandListFormatter(argparse.HelpFormatter):
+    """The top-level help: the commands listed one per line, without argparse's "COMMAND" line above them
+    (whose indent argparse leaves out when it aligns the help column, wrapping the longest name)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._SubParsersAction):
+            return "".join(self._format_action(command) for command in action._get_subactions())
+        return super()._format_action(action)
+
+
+def _one_line_each(sub: argparse._SubParsersAction) -> None:
+    """The top-level listing gets each command's short line; each command keeps its full help as its
+    description (some parsers are built with a help line only) and shows defaults the same way."""
+    for listed in sub._choices_actions:  # argparse's entries of the listing, one per command
+        command = sub.choices[listed.dest]
+        if command.description is None:
+            command.description = listed.help
+        command.formatter_class = DefaultsFormatter
+        listed.help = COMMANDS[listed.dest]
+
+
+def _unknown_command(word: str) -> str | None:
+    """The error for a first argument that looks like a misspelt command, not a file (None: a file).
+
+    ``whisperkv FILE`` means ``whisperkv transcribe FILE``, so only a word that is not an existing path
+    and is close to a command, or has no extension nor folder, is taken for a command."""
+    if word.startswith("-") or os.path.exists(word):
+        return None
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command {word!r}: did you mean {close[0]!r}? (and no file of that name exists)"
+    if os.sep not in word and "." not in word:
+        return f"unknown command {word!r} (and no file of that name exists); commands: {', '.join(COMMANDS)}"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        unknown = _unknown_command(argv[0])
+        if unknown is not None:
+            _error(f"{unknown} (see 'whisperkv --help')")
+            return 2
         argv = ["transcribe", *argv]  # `whisperkv FILE` works like `whisper FILE`
     args = build_parser().parse_args(argv)
     handler = {

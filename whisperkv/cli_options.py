@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from whisperkv.options_check import OptionError, check_transcribe_options
+from whisperkv.options_check import OptionError, check_transcribe_options, fallback_schedule
 from whisperkv.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
 
 
@@ -24,11 +24,26 @@ class CliParser(argparse.ArgumentParser):
         self.exit(2, f"whisperkv: error: {message} (see '{self.prog} --help')\n")
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that adds "(default: X)" only where it says something: not when the help already names its
+    default, not for a required option, a switch (``store_true``) or a default of None."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text.lower()
+            or action.required
+            or action.default in (None, argparse.SUPPRESS)
+            or action.nargs == 0  # a switch: present or not
+            or action.option_strings == []  # a positional argument
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 def add_parser(sub, name: str, help: str) -> CliParser:
-    """A sub-command parser that shows every option's default in ``--help``."""
-    return sub.add_parser(
-        name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    """A sub-command parser with a description and the defaults that matter in its ``--help``."""
+    return sub.add_parser(name, help=help, description=help, formatter_class=DefaultsFormatter)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -36,10 +51,11 @@ def add_parser(sub, name: str, help: str) -> CliParser:
 
 
 def str2bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes"):
+    """True or False, spelt exactly so (openai-whisper's ``str2bool``: "yes" or "true" are refused, so a
+    command line means the same to both programs)."""
+    if value == "True":
         return True
-    if lowered in ("false", "0", "no"):
+    if value == "False":
         return False
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
@@ -83,6 +99,13 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    value = number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value:g}")
     return value
 
 
@@ -272,14 +295,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def temperature_schedule(start: float, increment: float | None) -> tuple[float, ...]:
-    """``start``, then ``start + increment``... up to 1.0; a start above 1.0 is tried alone."""
-    if increment is None or start > 1.0:
-        return (start,)
-    values, t = [], start
-    while t <= 1.0 + 1e-6:
-        values.append(round(t, 10))
-        t += increment
-    return tuple(values)
+    """``start``, then ``start + increment``... up to 1.0; a start above 1.0 is tried alone. Its length
+    is checked before it is built (``options_check.fallback_schedule``): a tiny step is refused by name."""
+    return fallback_schedule(start, increment)
 
 
 def transcribe_options(args: argparse.Namespace, language_code: str | None) -> dict[str, Any]:
@@ -344,6 +362,18 @@ def check_outputs(audio: Sequence[str], output_dir: str, output_format: str) -> 
                 "different --output_dir",
             )
         seen[stem] = path
+
+
+def unreadable_input(path: str) -> str | None:
+    """Why an input file cannot be read (checked before a model loads: seconds, on a busy machine), or
+    None. The reasons are the audio reader's own (``whisperkv.audio.decode_audio``)."""
+    if not os.path.exists(path):
+        return "file not found"
+    if os.path.isdir(path):
+        return "is a directory, not a file"
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return None
 
 
 def check_transcribe_args(args: argparse.Namespace) -> None:

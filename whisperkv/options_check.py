@@ -117,6 +117,59 @@ def temperature_schedule(value: float | Iterable[float]) -> list[float]:
     return [_at_least("temperature", t, 0.0) for t in items]
 
 
+#: the most temperatures a fallback schedule built from an increment may hold (0.001 steps from 0 give
+#: 1,001); a smaller step would build a schedule of millions before any work (``--temperature 0
+#: --temperature_increment_on_fallback 1e-6``), so it is refused by arithmetic, before building it
+MAX_FALLBACK_TEMPERATURES = 1001
+#: the last temperature a schedule built from an increment reaches (openai-whisper's ``1.0 + 1e-6``)
+_SCHEDULE_END = 1.0 + 1e-6
+
+
+def fallback_schedule(
+    start: float, increment: float | None, max_count: int = MAX_FALLBACK_TEMPERATURES, limit_note: str = ""
+) -> tuple[float, ...]:
+    """``start``, then ``start + increment``... up to 1.0 (openai-whisper's schedule); a start above 1.0,
+    or no increment, is tried alone.
+
+    The length is checked before the schedule is built: more than ``max_count`` temperatures is an
+    ``OptionError`` naming ``temperature_increment_on_fallback`` (``limit_note`` says whose limit it is).
+    """
+    start = _at_least("temperature", start, 0.0)
+    if increment is None or start > 1.0:
+        return (start,)
+    increment = _at_least("temperature_increment_on_fallback", increment, 0.0, strict=True)
+    estimate = (_SCHEDULE_END - start) / increment + 1  # a float (inf for a subnormal step)
+    if estimate >= max_count + 1:  # the float sum below may make one more than the estimate's floor
+        raise _too_many_temperatures(start, increment, estimate, max_count, limit_note)
+    values, t = [], start
+    while t <= _SCHEDULE_END:
+        values.append(round(t, 10))
+        t += increment
+    if len(values) > max_count:
+        raise _too_many_temperatures(start, increment, len(values), max_count, limit_note)
+    return tuple(values)
+
+
+def _too_many_temperatures(start: float, step: float, count: float, limit: int, note: str) -> OptionError:
+    shown = f"{math.floor(count):,}" if count < 1e9 else "over a billion"
+    return OptionError(
+        "temperature_increment_on_fallback",
+        f"a step of {step:g} from {start:g} to 1 makes {shown} temperatures; "
+        f"at most {limit} are allowed{note}",
+    )
+
+
+def check_clips_within(value: str | Iterable[Any], duration_s: float) -> None:
+    """Refuse clips that start at or past the end of ``duration_s`` seconds of audio (they hold nothing)."""
+    points = parse_numbers("clip_timestamps", value)
+    for start in points[::2]:
+        if start >= duration_s:
+            raise OptionError(
+                "clip_timestamps",
+                f"clip start {start:g} s is not before the end of the audio ({duration_s:g} s)",
+            )
+
+
 def _check_clips(value: str | Iterable[Any]) -> None:
     points = parse_numbers("clip_timestamps", value)
     for point in points:
@@ -134,6 +187,14 @@ def _check_suppress_tokens(value: Any, n_vocab: int | None) -> None:
         if token < -1 or (n_vocab is not None and token >= n_vocab):
             limit = f" and below {n_vocab}" if n_vocab is not None else ""
             raise OptionError("suppress_tokens", f"token id {token} is not -1 or 0{limit}")
+
+
+def _check_sample_len(value: Any, n_text_ctx: int | None) -> None:
+    count = _count("sample_len", value)
+    if n_text_ctx is not None and count > n_text_ctx:
+        raise OptionError(
+            "sample_len", f"must be at most {n_text_ctx} (the model's text context), got {count}"
+        )
 
 
 def _check_language(value: Any) -> None:
@@ -154,8 +215,9 @@ def _check_prompt(name: str, value: Any) -> None:
 _DECODING_FIELDS = frozenset(f.name for f in fields(DecodingOptions))
 
 
-def _checks(n_vocab: int | None) -> dict[str, Callable[[Any], Any]]:
-    """One check per option name; each raises ``OptionError`` or returns."""
+def _checks(n_vocab: int | None, n_text_ctx: int | None = None) -> dict[str, Callable[[Any], Any]]:
+    """One check per option name; each raises ``OptionError`` or returns. ``n_vocab`` and ``n_text_ctx``
+    (a model's, when known) bound token ids and the tokens to sample."""
     return {
         "verbose": lambda v: _flag("verbose", v, none_ok=True),
         "temperature": temperature_schedule,
@@ -175,7 +237,7 @@ def _checks(n_vocab: int | None) -> dict[str, Callable[[Any], Any]]:
         # DecodingOptions fields that are not plain switches
         "task": lambda v: v in TASKS or _fail("task", f"expected one of {', '.join(TASKS)}, got {v!r}"),
         "language": _check_language,
-        "sample_len": lambda v: v is None or _count("sample_len", v),
+        "sample_len": lambda v: v is None or _check_sample_len(v, n_text_ctx),
         "best_of": lambda v: v is None or _count("best_of", v),
         "beam_size": lambda v: v is None or _count("beam_size", v),
         "patience": lambda v: v is None or _at_least("patience", v, 0, strict=True),
@@ -200,11 +262,13 @@ def check_transcribe_options(
 ) -> None:
     """Raise ``OptionError`` for the first option (openai-whisper's names) whose value is invalid.
 
-    ``model``, when given, bounds token ids by its vocabulary. Options not given are not checked;
+    ``model``, when given, bounds token ids by its vocabulary and ``sample_len`` by its text context
+    (no more tokens than that can ever be sampled). Options not given are not checked;
     a name that is neither a transcribe option nor a ``DecodingOptions`` field is refused.
     """
     given = {**(options or {}), **more}
-    checks = _checks(model.dims.n_vocab if model is not None else None)
+    dims = model.dims if model is not None else None
+    checks = _checks(dims.n_vocab if dims else None, dims.n_text_ctx if dims else None)
     for name, value in given.items():
         if name in checks:
             checks[name](value)

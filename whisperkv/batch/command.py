@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
         "--compute_type",
         default="default",
         choices=["default", "float32", "int8"],
-        help="int8: an approximation",
+        help="int8: an approximation; default: float32 on CPU",
     )
     opt(
         "--threads",
@@ -57,9 +57,10 @@ def transcribe_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from whisperkv.batch.inputs import InputError
+    from whisperkv.batch.inputs import InputError, expand_inputs
     from whisperkv.batch.job import run_batch
     from whisperkv.batch.work import JobSpec
+    from whisperkv.cli_options import unreadable_input
     from whisperkv.options_check import OptionError, check_transcribe_options
 
     options = transcribe_options(args)
@@ -73,6 +74,16 @@ def run(args: argparse.Namespace) -> int:
             f"whisperkv batch: error: --output_dir {args.output_dir} is a file, not a folder", file=sys.stderr
         )
         return 2
+    try:  # before the model loads: a missing input is said at once
+        items = expand_inputs(args.inputs)
+    except InputError as err:
+        print(f"whisperkv batch: error: {err}", file=sys.stderr)
+        return 2
+    unreadable = [(item.path, unreadable_input(item.path)) for item in items]
+    if items and all(why is not None for _, why in unreadable):  # nothing to do: said before any load
+        for path, why in unreadable:
+            print(f"whisperkv batch: error: {path}: {why}", file=sys.stderr)
+        return 1
     threads = args.threads or max(1, _cores() // args.workers)
     spec = JobSpec(
         args.model, args.compute_type, options, args.output_dir, args.output_format, threads=threads
@@ -83,13 +94,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         print(f"whisperkv batch: error: {args.model} is English-only; use --model base", file=sys.stderr)
         return 2
-    try:
-        report = run_batch(
-            args.inputs, spec, model, args.engine, args.workers, args.ray_address, args.verify or 0
-        )
-    except InputError as err:
-        print(f"whisperkv batch: error: {err}", file=sys.stderr)
-        return 2
+    report = run_batch(items, spec, model, args.engine, args.workers, args.ray_address, args.verify or 0)
     differing = [(path, why) for path, why in report.verified if why is not None]
     if report.verified:
         print(

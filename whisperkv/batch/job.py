@@ -1,8 +1,9 @@
-"""A whole batch job: expand the inputs, skip what is provably done, run the rest on an engine, record
+"""A whole batch job: skip what is provably done, run the rest on an engine, record
 every file, optionally re-check a sample, and summarise.
 
 The data path, top to bottom:
-1. inputs → files (folders searched, manifests read), each with a unique output name;
+1. inputs → files (folders searched, manifests read: ``expand_inputs``, which the command runs before
+   the model loads), each with a unique output name;
 2. for each file, its audio SHA-256 and its options' digest; a file whose ``results.jsonl`` line has the
    same audio, weights and options is skipped (its outputs are rewritten from the record if missing);
 3. the rest go to the local or the Ray engine; each finished file appends its record at once;
@@ -17,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from whisperkv.batch.inputs import BatchItem, expand_inputs, output_stems
+from whisperkv.batch.inputs import BatchItem, output_stems
 from whisperkv.batch.ledger import Ledger, file_sha256, options_digest
 from whisperkv.batch.progress import Progress
 from whisperkv.batch.work import JobSpec, same_transcript, transcribe_item, write_outputs
@@ -50,7 +51,7 @@ def _restore_outputs(record: dict, spec: JobSpec, stem: str) -> None:
 
 
 def run_batch(
-    inputs: list[str],
+    items: list[BatchItem],
     spec: JobSpec,
     model: Whisper,
     engine: str = "local",
@@ -58,8 +59,8 @@ def run_batch(
     ray_address: str | None = None,
     verify: int = 0,
 ) -> BatchReport:
-    """Run the job; ``model`` (loaded from ``spec``) gives the weights digest and serves ``verify``."""
-    items = expand_inputs(inputs)
+    """Run the job on ``items`` (``expand_inputs``); ``model`` (loaded from ``spec``) gives the weights
+    digest and serves ``verify``."""
     stems = output_stems(items)
     os.makedirs(spec.output_dir, exist_ok=True)
     ledger = Ledger.open(spec.output_dir)

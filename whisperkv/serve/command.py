@@ -46,6 +46,7 @@ def _seconds_or_off(text: str) -> float:
 
 def add_serve_parser(sub: Any) -> None:
     from whisperkv.cli import positive_int
+    from whisperkv.serve.limits import add_limit_flags
 
     p = sub.add_parser("serve", help="serve the OpenAI audio API (transcriptions, translations) over HTTP")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -82,6 +83,7 @@ def add_serve_parser(sub: Any) -> None:
         default=2.0,
         help="give the heap's free memory back after this many idle seconds (0: never; default: 2)",
     )
+    add_limit_flags(p)  # --max_beam_size, --max_best_of, --max_temperatures, --max_prompt_tokens, ...
 
 
 def _server_class():
@@ -127,6 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from whisperkv.engine import Scheduler
     from whisperkv.model import load_model
     from whisperkv.serve.app import create_app
+    from whisperkv.serve.limits import limits_from_args
     from whisperkv.serve.settings import ServeSettings
 
     if args.threads:
@@ -140,6 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
         max_audio_s=args.max_audio_s,
+        limits=limits_from_args(args),
     )
     app = create_app(model, scheduler, settings)
     config = uvicorn.Config(

@@ -2,7 +2,8 @@
 
 Every deliberate failure of a request raises :class:`APIError`; the handlers installed by
 :func:`install_error_handlers` turn it, FastAPI's validation errors and Starlette's 404/405 into that
-shape, so a client never sees a traceback or a framework-specific body.
+shape, so a client never sees a traceback or a framework-specific body; anything else escaping a route
+is a generic 500 in that shape, never the exception's own text.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return error_response(APIError(400, f"{param}: {first.get('msg', 'invalid request')}", param=param))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # a bug, not a bad request: the log has the details (Starlette re-raises it to the server), the
+        # client a generic 500 without a traceback or the exception's text
+        return error_response(APIError(500, "internal server error", code="server_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

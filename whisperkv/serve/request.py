@@ -4,17 +4,26 @@ OpenAI's fields keep OpenAI's meaning (``prompt`` is the initial prompt, ``tempe
 schedule, ``timestamp_granularities[]`` asks for segments and/or words). Every other field must be one of
 openai-whisper's decoding options, by its name, parsed to its type; anything else is a 400 naming the field.
 Defaults are ``transcribe()``'s (greedy with the fallback schedule), not the CLI's beam 5.
+
+Every option then goes through ``whisperkv.options_check``, the checker ``transcribe()`` and the CLI use,
+and through the server's ``RequestLimits`` (``whisperkv.serve.limits``): what the form lets through is
+what ``transcribe()`` would accept, within what this server will spend on one request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
+from whisperkv.options_check import OptionError, check_transcribe_options, fallback_schedule
 from whisperkv.serve.errors import APIError
+from whisperkv.serve.limits import check_limits, check_prompt_tokens
+from whisperkv.serve.settings import RequestLimits
 from whisperkv.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -44,31 +53,39 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _finite(text: str) -> float:
+    """A number, but never nan or inf (``float`` alone takes both)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
 #: openai-whisper's options accepted as extra form fields, each with its parser
 WHISPER_OPTIONS: dict[str, Callable[[str], Any]] = {
     "beam_size": _optional(_positive_int),
     "best_of": _optional(_positive_int),
-    "patience": _optional(float),
-    "length_penalty": _optional(float),
+    "patience": _optional(_finite),
+    "length_penalty": _optional(_finite),
     "sample_len": _optional(_positive_int),
     "suppress_tokens": str,
     "suppress_blank": _bool,
     "without_timestamps": _bool,
-    "max_initial_timestamp": _optional(float),
+    "max_initial_timestamp": _optional(_finite),
     "prefix": str,
     "fp16": _bool,
     "condition_on_previous_text": _bool,
     "carry_initial_prompt": _bool,
-    "compression_ratio_threshold": _optional(float),
-    "logprob_threshold": _optional(float),
-    "no_speech_threshold": _optional(float),
+    "compression_ratio_threshold": _optional(_finite),
+    "logprob_threshold": _optional(_finite),
+    "no_speech_threshold": _optional(_finite),
     "word_timestamps": _bool,
     "prepend_punctuations": str,
     "append_punctuations": str,
     "clip_timestamps": str,
-    "hallucination_silence_threshold": _optional(float),
+    "hallucination_silence_threshold": _optional(_finite),
     "initial_prompt": str,
-    "temperature_increment_on_fallback": _optional(float),
+    "temperature_increment_on_fallback": _optional(_finite),
     "hotwords": str,
 }
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "stream")
@@ -87,6 +104,8 @@ class AudioRequest:
     granularities: tuple[str, ...] = ()
     #: keyword options for transcribe() (only what the request set; the rest keeps transcribe's defaults)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the form field that gave an option, where the names differ (OpenAI's ``prompt``)
+    params: dict[str, str] = field(default_factory=dict)
 
     @property
     def wants_words(self) -> bool:
@@ -112,26 +131,35 @@ def _parse(name: str, text: str, parser: Callable[[str], Any]) -> Any:
         raise APIError(400, f"invalid value {text!r} for '{name}': {reason}", param=name) from None
 
 
-def _temperature(temperature: float, increment: float | None, increment_given: bool) -> Any:
+def _temperature(
+    temperature: float, increment: float | None, increment_given: bool, max_temperatures: int
+) -> Any:
     """OpenAI's meaning: 0 is the fallback schedule; above 0 samples at that temperature only.
-    An explicit ``temperature_increment_on_fallback`` builds the CLI's schedule from ``temperature``."""
+    An explicit ``temperature_increment_on_fallback`` builds the CLI's schedule from ``temperature``,
+    its length checked (``--max_temperatures``) before it is built."""
     if not 0.0 <= temperature <= 1.0:
         raise APIError(400, f"temperature must be between 0 and 1, got {temperature}", param="temperature")
     if increment_given:
         if increment is None:
             return temperature
-        if increment <= 0:
-            raise APIError(
-                400,
-                "temperature_increment_on_fallback must be above 0",
-                param="temperature_increment_on_fallback",
-            )
-        values, t = [], temperature
-        while t <= 1.0 + 1e-6:
-            values.append(round(t, 10))
-            t += increment
-        return tuple(values)
+        note = " (whisperkv serve --max_temperatures)"
+        try:
+            return fallback_schedule(temperature, increment, max_temperatures, note)
+        except OptionError as err:
+            raise option_error(err) from None
     return None if temperature == 0.0 else temperature  # None: transcribe()'s default schedule
+
+
+def option_error(err: OptionError, params: Mapping[str, str] | None = None) -> APIError:
+    """The checker's refusal as a 400 naming the form field (``prompt`` for the option initial_prompt)."""
+    param = (params or {}).get(err.option, err.option)
+    return APIError(400, f"{param}: {err.reason}", param=param)
+
+
+def _check_file_name(upload: UploadFile) -> None:
+    name = upload.filename or ""
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise APIError(400, "the file's name holds a control character (such as NUL)", param="file")
 
 
 def _language(text: str, multilingual: bool) -> str:
@@ -156,8 +184,14 @@ def parse_audio_request(
     task: str,
     served_names: Iterable[str],
     multilingual: bool,
+    limits: RequestLimits | None = None,
 ) -> AudioRequest:
-    """Check and convert every field; raise APIError (400 / 404) naming the first field that is wrong."""
+    """Check and convert every field; raise APIError (400 / 404) naming the first field that is wrong.
+
+    ``limits`` (default: ``RequestLimits()``) bounds the work asked; the checks that need the model are
+    ``check_with_model``'s.
+    """
+    limits = limits or RequestLimits()
     known = set(OPENAI_FIELDS) | set(GRANULARITY_FIELDS) | set(WHISPER_OPTIONS)
     for name in form.keys():
         if name not in known:
@@ -180,6 +214,7 @@ def parse_audio_request(
             code="model_not_found",
         )
 
+    _check_file_name(files[0])
     request = AudioRequest(upload=files[0], model=model, task=task)
     options: dict[str, Any] = {}
     if task == "translate":
@@ -212,6 +247,8 @@ def parse_audio_request(
         raise APIError(400, "give 'prompt' or 'initial_prompt', not both", param="initial_prompt")
     if (prompt if prompt is not None else initial) is not None:
         options["initial_prompt"] = prompt if prompt is not None else initial
+        if prompt is not None:
+            request.params["initial_prompt"] = "prompt"
 
     for name, parser in WHISPER_OPTIONS.items():
         if name in ("initial_prompt", "temperature_increment_on_fallback"):
@@ -221,7 +258,7 @@ def parse_audio_request(
             options[name] = _parse(name, text, parser)
 
     temperature_text = _single(form, "temperature")
-    temperature = 0.0 if temperature_text is None else _parse("temperature", temperature_text, float)
+    temperature = 0.0 if temperature_text is None else _parse("temperature", temperature_text, _finite)
     increment_text = _single(form, "temperature_increment_on_fallback")
     increment = None
     if increment_text is not None:
@@ -230,7 +267,7 @@ def parse_audio_request(
             increment_text,
             WHISPER_OPTIONS["temperature_increment_on_fallback"],
         )
-    schedule = _temperature(temperature, increment, increment_text is not None)
+    schedule = _temperature(temperature, increment, increment_text is not None, limits.max_temperatures)
     if schedule is not None:
         options["temperature"] = schedule
 
@@ -256,4 +293,23 @@ def parse_audio_request(
             )
         options["word_timestamps"] = True
     request.options = options
+    check_limits(options, limits, request.params)
+    try:
+        check_transcribe_options(None, options)  # what needs no model: the CLI's and transcribe()'s checks
+    except OptionError as err:
+        raise option_error(err, request.params) from None
     return request
+
+
+async def check_with_model(request: AudioRequest, model: Any, limits: RequestLimits | None = None) -> None:
+    """The checks that need the served model: token ids against its vocabulary, ``sample_len`` against
+    its text context, prompt tokens against ``--max_prompt_tokens`` (tokenizing: in a worker thread)."""
+
+    def check() -> None:
+        try:
+            check_transcribe_options(model, request.options)
+        except OptionError as err:
+            raise option_error(err, request.params) from None
+        check_prompt_tokens(request.options, model.tokenizer, limits or RequestLimits(), request.params)
+
+    await run_in_threadpool(check)

@@ -7,6 +7,7 @@ answers 503; a client that disconnects cancels its job.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -21,10 +22,11 @@ from whisperkv.audio import SAMPLE_RATE
 from whisperkv.audio_source import AudioSource
 from whisperkv.engine import Job, JobHandle, TranscribeOptions
 from whisperkv.errors import AudioError
+from whisperkv.options_check import OptionError, check_clips_within
 from whisperkv.serve.auth import require_api_key
 from whisperkv.serve.errors import APIError, error_body
 from whisperkv.serve.jobs import ClientDisconnected, iterate_segments, wait_for_result
-from whisperkv.serve.request import parse_audio_request
+from whisperkv.serve.request import check_with_model, option_error, parse_audio_request
 from whisperkv.serve.responses import delta_event, done_event, error_event, format_result
 from whisperkv.serve.upload import open_upload
 
@@ -34,6 +36,7 @@ router = APIRouter(prefix="/v1/audio", dependencies=[Depends(require_api_key)])
 MAX_FORM_FIELDS = 64
 #: the seed of every job's sampling generator (see _submit)
 SAMPLING_SEED = 0
+_log = logging.getLogger("whisperkv.serve")
 
 
 def _refuse_if_shutting_down(request: Request) -> None:
@@ -60,10 +63,19 @@ def _submit(request: Request, audio: np.ndarray | AudioSource, options: dict) ->
     """
     scheduler = request.app.state.scheduler
     try:
+        if "clip_timestamps" in options:  # a clip starting past the end holds nothing to transcribe
+            n_samples = len(audio) if isinstance(audio, np.ndarray) else audio.n_samples
+            check_clips_within(options["clip_timestamps"], n_samples / SAMPLE_RATE)
+        transcribe_options = TranscribeOptions.from_dict(options)
+    except OptionError as err:
+        raise option_error(err) from None
+    except ValueError as err:  # the engine's checks of option combinations: messages written to be read
+        raise APIError(400, str(err)) from None
+    try:
         job = Job(
             request.app.state.model,
             audio,
-            TranscribeOptions.from_dict(options),
+            transcribe_options,
             f"req-{uuid.uuid4().hex}",
             generator=torch.Generator().manual_seed(SAMPLING_SEED),
         )
@@ -71,8 +83,6 @@ def _submit(request: Request, audio: np.ndarray | AudioSource, options: dict) ->
         return scheduler.submit_job(job)
     except engine_errors.WhisperKVError as err:
         raise _engine_error(request, err) from None
-    except ValueError as err:
-        raise APIError(400, str(err)) from None
 
 
 def _engine_error(request: Request, err: Exception) -> APIError:
@@ -85,7 +95,11 @@ def _engine_error(request: Request, err: Exception) -> APIError:
         return APIError(503, "the server is shutting down; retry on another instance", code="shutting_down")
     if isinstance(err, AudioError):
         return APIError(400, f"bad audio: {err.reason}", param="file", code="invalid_audio")
-    return APIError(400, str(err))
+    if isinstance(err, engine_errors.WhisperKVError):
+        return APIError(400, str(err))  # the engine's own refusals, written to be read
+    # anything else failing a job is the server's fault: said in one log line, never in the body
+    _log.error("a job failed: %s: %s", type(err).__name__, err)
+    return APIError(500, "the transcription failed on the server", code="server_error")
 
 
 async def _handle(request: Request, task: str) -> Response:
@@ -98,7 +112,9 @@ async def _handle(request: Request, task: str) -> Response:
             task=task,
             served_names=settings.served_names,
             multilingual=model.is_multilingual,
+            limits=settings.limits,
         )
+        await check_with_model(parsed, model, settings.limits)
         _refuse_if_queue_full(request)  # before the upload is decoded: a 429 costs no decoding
         audio = await run_in_threadpool(
             open_upload, parsed.upload, settings.max_upload_bytes, settings.max_audio_s, model.dims.n_mels
@@ -113,10 +129,8 @@ async def _handle(request: Request, task: str) -> Response:
         result = await wait_for_result(handle, request.receive)
     except ClientDisconnected:
         return Response(status_code=499)  # nobody reads it; counted in the metrics as a hang-up
-    except engine_errors.WhisperKVError as err:
+    except (engine_errors.WhisperKVError, ValueError) as err:
         raise _engine_error(request, err) from None
-    except ValueError as err:
-        raise APIError(400, str(err)) from None
     return format_result(result, parsed, duration)
 
 

@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: the model name OpenAI's clients send; the server treats it as the model it serves
 OPENAI_MODEL_ALIAS = "whisper-1"
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The most work one request may ask for (``serve --max_beam_size`` ...); over a limit is a 400 naming
+    the option and the limit. Each bounds a cost a client could otherwise multiply at will: beams and
+    samples are decoder rows shared with every other request, each fallback temperature may decode a
+    window again, and a long prompt is tokenized (and attended to) in every window."""
+
+    #: beams per window (``beam_size``); the CLI's default is 5
+    max_beam_size: int = 8
+    #: samples per window when sampling (``best_of``); ``transcribe()``'s default is 5
+    max_best_of: int = 8
+    #: temperatures in the fallback schedule (``transcribe()``'s default schedule has 6; 11 is 0.1 steps)
+    max_temperatures: int = 11
+    #: tokens of ``prompt``/``initial_prompt``, ``prefix`` and ``hotwords``, each: the decoder keeps only the
+    #: last 223 of a prompt anyway (half the text context); text over 6 characters per allowed token is
+    #: refused before it is tokenized (tokenizing one long word takes time quadratic in its length)
+    max_prompt_tokens: int = 224
+    #: tokens sampled per window (``sample_len``); the default is half the text context, 224
+    max_sample_len: int = 224
 
 
 @dataclass(frozen=True)
@@ -26,6 +47,8 @@ class ServeSettings:
     realtime_max_sessions: int = 16
     #: seconds of audio one Realtime session may hold uncommitted (an append past it is an error event)
     realtime_buffer_s: float = 60.0
+    #: the most work one request may ask for (``--max_beam_size``, ``--max_prompt_tokens``, ...)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -13,17 +13,26 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("stream", help="live transcription of a file or raw PCM on stdin (LocalAgreement-2)")
-    p.add_argument(
-        "audio", nargs="?", default="-", help="audio file, or - for s16le 16 kHz mono PCM on stdin"
+    from whisperkv.cli_options import add_parser, language, non_negative_number, positive_number
+
+    p = add_parser(
+        sub, "stream", "live transcription of a file or of raw PCM on stdin, committed text as it is final"
     )
-    p.add_argument("--model", default="tiny.en", help="model name or path (default: tiny.en)")
-    p.add_argument("--language", default=None, help="language code (needed with a multilingual model)")
-    p.add_argument("--chunk", type=float, default=1.0, help="seconds of new audio between updates")
+    p.add_argument(
+        "audio",
+        nargs="?",
+        default="-",
+        help="audio file, or - (the default) for s16le 16 kHz mono PCM on stdin",
+    )
+    p.add_argument("--model", default="tiny.en", help="model name or path")
+    p.add_argument(
+        "--language", type=language, default=None, help="language code (needed with a multilingual model)"
+    )
+    p.add_argument("--chunk", type=positive_number, default=1.0, help="seconds of new audio between updates")
     p.add_argument("--realtime", action="store_true", help="pace by the wall clock")
     p.add_argument(
         "--simulate_compute",
-        type=float,
+        type=non_negative_number,
         default=None,
         metavar="SECONDS",
         help="simulated clock: every update costs SECONDS (default: the measured time)",
@@ -32,8 +41,16 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON line per event, then the reuse summary")
 
 
+#: what ``whisperkv stream`` says when it would read PCM from a terminal (a person, not a pipe)
+NO_INPUT = (
+    "no input: give an audio file, or pipe s16le 16 kHz mono PCM into 'whisperkv stream -' "
+    "(e.g. ffmpeg -i IN -f s16le -ac 1 -ar 16000 - | whisperkv stream -); standard input is a terminal"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     from whisperkv.model import load_model
+    from whisperkv.options_check import OptionError
     from whisperkv.stream.clock import RealtimeClock, SimulatedClock
     from whisperkv.stream.local_decoder import LocalDecoder
     from whisperkv.stream.runner import run_stream
@@ -43,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.realtime and args.simulate_compute is not None:
         raise ValueError("--realtime and --simulate_compute exclude each other")
+    if args.audio == "-" and sys.stdin.isatty():  # raw PCM cannot be typed: say what is expected, exit 2
+        raise OptionError("audio", NO_INPUT)
     clock = RealtimeClock() if args.realtime else SimulatedClock(args.simulate_compute)
     source = PCMPipe(sys.stdin.buffer) if args.audio == "-" else FileSamples(args.audio)
     model = load_model(args.model)
