@@ -20,6 +20,7 @@ import json
 import string
 from collections.abc import Iterable, Sequence
 from functools import cached_property, lru_cache
+from os import PathLike
 from pathlib import Path
 from types import EllipsisType
 
@@ -564,6 +565,10 @@ class Tokenizer:
             raise TokenizerOptionError(f"language {code!r} is not in this model's vocabulary")
         return token_id
 
+    def to_language_token(self, language: str) -> int:
+        """The reference's name for :meth:`language_token` with a language given."""
+        return self.language_token(language)
+
     @cached_property
     def sot_sequence(self) -> tuple[int, ...]:
         """The decoder prompt before any text: sot [, language] [, task].
@@ -626,6 +631,14 @@ class Tokenizer:
             return self._split_on_characters(ids)
         return self._split_on_spaces(ids)
 
+    def split_tokens_on_unicode(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        """The reference's name: one group per completed UTF-8 character run (unspaced languages)."""
+        return self._split_on_characters(tokens)
+
+    def split_tokens_on_spaces(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        """The reference's name: one group per space-led word or punctuation (spaced languages)."""
+        return self._split_on_spaces(tokens)
+
     def _split_on_characters(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
         """Cut after each token that completes a UTF-8 character.
 
@@ -675,19 +688,41 @@ class Tokenizer:
 
 
 def get_tokenizer(
-    model_dir_or_tokenizer_json: str | Path,
+    multilingual: bool | str | Path,
     *,
-    multilingual: bool | None = None,
+    num_languages: int | None = None,
     language: str | None = None,
     task: str | None = None,
-    num_languages: int | None = None,
 ) -> Tokenizer:
-    """Tokenizer for a model directory (containing tokenizer.json) or a tokenizer.json path.
+    """A tokenizer, openai-whisper's way or from a file.
 
+    ``get_tokenizer(multilingual, num_languages=99, language=None, task=None)`` is the reference's call:
+    the packaged vocabulary of an English-only or a multilingual model; a multilingual one defaults to
+    English transcription, as the reference's does. ``get_tokenizer(path, language=..., task=...)`` reads
+    a model directory (holding tokenizer.json) or a tokenizer.json; its language stays open until set.
     The parsed vocabulary is cached per file, so calling this per request is cheap.
     """
+    if isinstance(multilingual, (str, PathLike)):
+        return Tokenizer.from_file(multilingual, language=language, task=task, num_languages=num_languages)
+    return _packaged_tokenizer(
+        bool(multilingual), 99 if num_languages is None else num_languages, language, task
+    )
+
+
+def _packaged_tokenizer(
+    multilingual: bool, num_languages: int, language: str | None, task: str | None
+) -> Tokenizer:
+    """The tokenizer.json installed with a model of that kind (tiny.en's, or base's for 99 languages)."""
+    from whisperkv.model.dims import KNOWN_DIMS
+    from whisperkv.weights.registry import default_tokenizer_path
+
+    if multilingual:
+        dims = KNOWN_DIMS["large-v3"] if num_languages == 100 else KNOWN_DIMS["base"]
+        language = language or "en"
+    else:
+        dims = KNOWN_DIMS["tiny.en"]
     return Tokenizer.from_file(
-        model_dir_or_tokenizer_json,
+        default_tokenizer_path(dims),
         multilingual=multilingual,
         language=language,
         task=task,

@@ -123,6 +123,26 @@ class Whisper(nn.Module):
             return self.encoder(mel).to(self.dtype)
         return torch.cat([self.encoder(part).to(self.dtype) for part in mel.split(group)])
 
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] of whole token sequences [B, T] against encoder output, nothing cached.
+
+        openai-whisper's ``model.logits``: a one-off forward pass (language detection, scoring); decoding
+        itself goes through the caches.
+        """
+        features = audio_features.to(self.device, self.dtype)
+        return self.decoder.forward_uncached(tokens.to(self.device), features)
+
+    def forward(self, mel: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``model(mel, tokens)`` as in openai-whisper: encode the windows, then :meth:`logits`."""
+        return self.logits(tokens, self.embed_audio(mel))
+
+    def decode(self, mel: torch.Tensor, options: Any = None, **kwargs: Any) -> Any:
+        """``whisperkv.decode(self, mel, options)``, as openai-whisper's ``model.decode``."""
+        from whisperkv.decoding.decode import decode
+
+        return decode(self, mel, options, **kwargs)
+
     def transcribe(self, audio: str | np.ndarray | torch.Tensor, **options: Any) -> dict:
         """Transcribe a file path or a 16 kHz float32 waveform; options as in openai-whisper."""
         from whisperkv.transcribe import transcribe
