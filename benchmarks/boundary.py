@@ -190,6 +190,7 @@ def main() -> None:
         secret_file = os.path.join(tmp, "secret")
         with open(secret_file, "wb") as f:
             f.write(secret)
+        os.chmod(secret_file, 0o600)  # the worker refuses a secret file others can read
         rows = []
         for name in args.models:
             rows += measure_model(name, audio, args.windows, args.rounds, secret, secret_file)

@@ -36,7 +36,7 @@ from whisperkv.boundary.handshake import (
 )
 from whisperkv.boundary.keys import DIRECTION_REQUEST, DIRECTION_RESPONSE, Measurement, check_secret, measure
 from whisperkv.boundary.protocol import cross_kv_payload, dtype_name, request_label, response_labels
-from whisperkv.boundary.request_body import BodyRefused, ClientGone, load_json, read_body
+from whisperkv.boundary.request_body import BODY_DEADLINE_S, BodyRefused, ClientGone, load_json, read_body
 from whisperkv.boundary.sealing import TAG_BYTES, open_part, read_parts, seal, tensor_bytes, tensor_from_bytes
 from whisperkv.boundary.sessions import Session, SessionsFull, SessionTable
 from whisperkv.cache.provenance import tensor_digest
@@ -171,6 +171,7 @@ def create_app(
     carry: str = "features",
     max_sessions: int = 256,
     session_idle_s: float = 600.0,
+    body_deadline_s: float = BODY_DEADLINE_S,
 ) -> FastAPI:
     """The worker app for ``model``; ``carry`` says what it sends back (features or cross_kv)."""
     state = WorkerState(model, secret, measure(model, carry), max_sessions, session_idle_s)
@@ -181,7 +182,9 @@ def create_app(
     @app.post("/v1/session")
     async def session(request: Request) -> Response:
         try:
-            return JSONResponse(open_session(state, await read_body(request, MAX_HELLO_BYTES)))
+            return JSONResponse(
+                open_session(state, await read_body(request, MAX_HELLO_BYTES, body_deadline_s))
+            )
         except HelloRefused as err:
             return _refuse(403, f"bad handshake: {err}")
         except SessionsFull as err:
@@ -196,7 +199,7 @@ def create_app(
     @app.post("/v1/session/close")
     async def close(request: Request) -> Response:
         try:
-            return close_session(state, await read_body(request, MAX_CLOSE_BYTES))
+            return close_session(state, await read_body(request, MAX_CLOSE_BYTES, body_deadline_s))
         except ValueError as err:
             return _refuse(400, str(err))
         except BodyRefused as err:
@@ -207,7 +210,7 @@ def create_app(
     @app.post("/v1/encode")
     async def encode(request: Request) -> Response:
         try:
-            body = await read_body(request, request_limit)
+            body = await read_body(request, request_limit, body_deadline_s)
             blob, costs = await run_in_threadpool(encode_window, state, body)  # encoding blocks
         except BodyRefused as err:
             return _refuse(err.status, err.message)
