@@ -22,9 +22,9 @@ class RequestLimits:
     #: temperatures in the fallback schedule (``transcribe()``'s default schedule has 6; 11 is 0.1 steps)
     max_temperatures: int = 11
     #: tokens of ``prompt``/``initial_prompt``, ``prefix`` and ``hotwords``, each: the decoder keeps only the
-    #: last 223 of a prompt anyway (half the text context); text over 6 characters per allowed token is
-    #: refused before it is tokenized (tokenizing one long word takes time quadratic in its length)
-    max_prompt_tokens: int = 224
+    #: last 223 of a prompt anyway (half the text context less one); text over 6 characters per allowed
+    #: token is refused before it is tokenized (tokenizing one long word takes time quadratic in its length)
+    max_prompt_tokens: int = 223
     #: tokens sampled per window (``sample_len``); the default is half the text context, 224
     max_sample_len: int = 224
 
