@@ -83,7 +83,7 @@ def test_unauthenticated_hellos_keep_nothing_and_a_live_session_survives(tiny_mo
             assert len(state.sessions) == 1  # only the live one
             mel, start, end = window
             served = CacheStore(encoder=live).encode(tiny_model, mel, start, end)  # still served, exactly
-            assert torch.equal(served.features, tiny_model.embed_audio(mel.unsqueeze(0)))
+            assert torch.equal(served.audio_features, tiny_model.embed_audio(mel.unsqueeze(0)))
 
 
 def test_replayed_and_stale_hellos_are_refused(tiny_model):
