@@ -15,6 +15,7 @@ from whisperkv.audio import load_audio, log_mel_spectrogram, pad_or_trim
 from whisperkv.decoding.decode import decode
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 from whisperkv.errors import AudioError, CacheReuseError, ModelLoadError, WhisperKVError
+from whisperkv.faster import BatchedInferencePipeline, WhisperModel, decode_audio
 from whisperkv.language_detection import detect_language
 from whisperkv.model import load_model
 from whisperkv.transcribe import transcribe
@@ -24,13 +25,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AudioError",
+    "BatchedInferencePipeline",
     "CacheReuseError",
     "DecodingOptions",
     "DecodingResult",
     "ModelLoadError",
     "WhisperKVError",
+    "WhisperModel",
     "available_models",
     "decode",
+    "decode_audio",
     "detect_language",
     "load_audio",
     "load_model",
