@@ -206,15 +206,15 @@ def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(se
     assert "".join(deltas) == completed.transcript
 
 
-def test_missing_key_and_wrong_intent_are_refused_with_an_error_event(server):
+def test_missing_key_and_wrong_intent_are_refused_before_the_handshake(server):
     async def refused(url: str, headers: dict) -> tuple[dict, int]:
-        async with websockets.connect(url, ping_interval=None, additional_headers=headers) as ws:
-            event = await next_event(ws)
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), EVENT_TIMEOUT)
-            return event, closed.value.rcvd.code
+        with pytest.raises(websockets.InvalidStatus) as answer:
+            async with websockets.connect(url, ping_interval=None, additional_headers=headers):
+                pass
+        response = answer.value.response
+        return json.loads(response.body), response.status_code
 
-    event, code = asyncio.run(refused(server, {}))
-    assert event["type"] == "error" and event["error"]["code"] == "invalid_api_key" and code == 1008
-    event, code = asyncio.run(refused(server.replace("intent=transcription", "intent=conversation"), AUTH))
-    assert event["error"]["code"] == "unsupported_intent" and code == 1008
+    body, status = asyncio.run(refused(server, {}))
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    body, status = asyncio.run(refused(server.replace("intent=transcription", "intent=conversation"), AUTH))
+    assert status == 400 and body["error"]["code"] == "unsupported_intent"

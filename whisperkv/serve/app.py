@@ -1,9 +1,9 @@
 """The app factory: one FastAPI app around one model and one scheduler.
 
 ``create_app(model, scheduler, settings)`` wires the routers (one module each), the OpenAI error shape,
-the upload cap, metrics and the shutdown state. Other parts add their own routers to the returned app
-(``app.include_router(...)``); everything a route needs is on ``app.state``: ``model``, ``scheduler``,
-``settings``, ``metrics``, ``lifecycle``.
+the upload cap, the body deadline, metrics, the Realtime session count and the shutdown state. Other parts
+add their own routers to the returned app (``app.include_router(...)``); everything a route needs is on
+``app.state``: ``model``, ``scheduler``, ``settings``, ``metrics``, ``lifecycle``, ``realtime_sessions``.
 """
 
 from __future__ import annotations
@@ -15,14 +15,20 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from whisperkv.serve import realtime, routes_audio, routes_meta
+from whisperkv.serve.auth import require_api_key
 from whisperkv.serve.errors import install_error_handlers
 from whisperkv.serve.metrics import ServeMetrics
+from whisperkv.serve.openapi_form import server_schema
+from whisperkv.serve.realtime_admission import RealtimeSessions
 from whisperkv.serve.settings import ServeSettings
+from whisperkv.serve.slow_clients import BodyDeadlineMiddleware, client_left
 from whisperkv.serve.upload import BodyLimitMiddleware
 
 #: paths whose latency is recorded under their own name (anything else is "other": bounded label values)
@@ -92,7 +98,17 @@ def create_app(model: Any, scheduler: Any, settings: ServeSettings | None = None
         await run_in_threadpool(lifecycle.drain)
         mel_thread.shutdown(wait=False)
 
-    app = FastAPI(title="whisperkv", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # no docs pages, the schema behind the key (below), and no trailing-slash redirects: Starlette builds
+    # their Location from the client's Host header
+    app = FastAPI(
+        title="whisperkv",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
     app.state.model = model
     app.state.scheduler = scheduler
     app.state.settings = settings
@@ -102,10 +118,19 @@ def create_app(model: Any, scheduler: Any, settings: ServeSettings | None = None
     # for sixteen clients, ``benchmarks/serve.py``)
     app.state.mel_thread = mel_thread
     app.state.metrics = ServeMetrics(scheduler.stats)
+    app.state.realtime_sessions = RealtimeSessions(settings.realtime_max_sessions)
     install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnect, client_left)
     app.include_router(routes_audio.router)
     app.include_router(routes_meta.router)
     app.include_router(realtime.router)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_api_key)])
+    async def openapi(request: Request) -> JSONResponse:
+        """The OpenAPI schema, audio forms included (``openapi_form``); needs the key when one is set."""
+        return JSONResponse(server_schema(request.app))
+
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_s, lifecycle=lifecycle)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

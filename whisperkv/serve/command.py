@@ -14,6 +14,11 @@ import threading
 from typing import Any
 
 API_KEY_ENV = "WHISPERKV_API_KEY"
+#: seconds uvicorn gives open connections after the drain before it cancels them
+SHUTDOWN_GRACE_S = 10
+#: WebSocket messages uvicorn buffers per connection before it stops reading (each up to ws_max_size): the
+#: session reads ahead itself (realtime.INBOX_EVENTS)
+WS_MAX_QUEUE = 1
 
 
 def _number(text: str) -> float:
@@ -46,11 +51,12 @@ def _seconds_or_off(text: str) -> float:
 
 def add_serve_parser(sub: Any) -> None:
     from whisperkv.cli import positive_int
+    from whisperkv.net_bind import port_number
     from whisperkv.serve.limits import add_limit_flags
 
     p = sub.add_parser("serve", help="serve the OpenAI audio API (transcriptions, translations) over HTTP")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default: 8000; 0: any free one)")
     p.add_argument("--model", default="tiny.en", help="model name (tiny.en, base) or path (default: tiny.en)")
     p.add_argument(
         "--compute_type",
@@ -77,6 +83,25 @@ def add_serve_parser(sub: Any) -> None:
         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, if set)",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument(
+        "--body_timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds a client has to send a whole request body; then 408 (default: 30)",
+    )
+    p.add_argument(
+        "--realtime_sessions",
+        type=positive_int,
+        default=16,
+        help="Realtime WebSocket sessions open at once; one more is refused with 503 (default: 16)",
+    )
+    p.add_argument(
+        "--realtime_buffer_s",
+        type=_positive_float,
+        default=60.0,
+        help="seconds of uncommitted audio a Realtime session may hold; also caps one event's size "
+        "(default: 60)",
+    )
     p.add_argument(
         "--idle_trim",
         type=_seconds_or_off,
@@ -123,13 +148,27 @@ def _server_class():
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Bind the port first (a bad or busy one is one error line, exit 2, before the model loads), then
+    load the model and serve on that socket."""
+    from whisperkv.net_bind import bind_listening_socket
+
+    sock = bind_listening_socket(args.host, args.port)
+    try:
+        return _serve_on(sock, args)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: Any, args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
     from whisperkv.engine import Scheduler
     from whisperkv.model import load_model
+    from whisperkv.net_bind import listening_url
     from whisperkv.serve.app import create_app
     from whisperkv.serve.limits import limits_from_args
+    from whisperkv.serve.realtime import MESSAGE_OVERHEAD_CHARS, max_message_chars
     from whisperkv.serve.settings import ServeSettings
 
     if args.threads:
@@ -143,11 +182,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
         max_audio_s=args.max_audio_s,
+        body_timeout_s=args.body_timeout,
+        realtime_max_sessions=args.realtime_sessions,
+        realtime_buffer_s=args.realtime_buffer_s,
         limits=limits_from_args(args),
     )
     app = create_app(model, scheduler, settings)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None
+        app,
+        log_level="info",
+        # after the drain, connections still open get this long (a body still being read is answered
+        # 503 at once, see slow_clients)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        # a WebSocket message a little over the session's own cap is an error event and the session goes
+        # on; one past this closes the socket (1009) before it is read whole
+        ws_max_size=max_message_chars(settings.realtime_buffer_s) + MESSAGE_OVERHEAD_CHARS,
+        ws_max_queue=WS_MAX_QUEUE,
     )
-    _server_class()(config, app.state.lifecycle).run()
+    print(f"whisperkv serve: listening on {listening_url(sock)}", file=sys.stderr, flush=True)
+    _server_class()(config, app.state.lifecycle).run(sockets=[sock])
     return 0

@@ -9,28 +9,43 @@ utterances), ``input_audio_buffer.append`` (base64 PCM16), ``input_audio_buffer.
 by LocalAgreement-2) and ``.completed`` (per utterance), and ``error`` for a bad event or frame — after
 which the session goes on.
 
+A client is hostile until proved otherwise. Before the handshake it is admitted or refused with an HTTP
+error (``realtime_admission``: the key, the server's state, the intent, the session cap). Each message is
+parsed and checked whole (``realtime_events``) before the session acts on it; an append that would take
+the uncommitted audio past ``realtime_buffer_s`` seconds is an error event, and so is a message longer
+than one such append. A client that disconnects cancels the decode in flight.
+
 Each connection owns one ``StreamingSession``. Its decodes go to the server's ``Scheduler`` when the app
 has one (``app.state.scheduler``): each update is a job on the ≤ 30 s buffer with the committed text as
 ``initial_prompt``, batched with every other request. Without a scheduler the session decodes in this
 process with ``LocalDecoder``. Decoding runs in a worker thread; audio that arrives meanwhile waits in the
-socket, as on the computation-aware clock.
+socket (past ``INBOX_EVENTS`` read ahead), as on the computation-aware clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import itertools
 import json
-import secrets
+import math
 import uuid
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from uvicorn.protocols.utils import ClientDisconnected
 
-from whisperkv.errors import WhisperKVError
+from whisperkv.errors import JobCancelledError, WhisperKVError
+from whisperkv.serve.realtime_admission import deny, refusal, sessions_full
+from whisperkv.serve.realtime_events import (
+    LANGUAGE_PARAM,
+    ClientEvent,
+    RealtimeError,
+    SessionUpdate,
+    parse_event,
+    quote,
+)
+from whisperkv.serve.settings import ServeSettings
 from whisperkv.stream.events import Event
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
 from whisperkv.stream.pcm import PCMError, Resampler
@@ -39,8 +54,11 @@ from whisperkv.stream.vad import SpeechDetector
 
 router = APIRouter()
 
-RATES = (24000, 16000)
 CHUNK_S = 1.0  # seconds of new audio between updates
+#: messages read ahead of the one being handled (few: each may be a whole buffer's worth)
+INBOX_EVENTS = 1
+#: room for the JSON around an append's base64 audio in the message cap (characters)
+MESSAGE_OVERHEAD_CHARS = 64 * 1024
 
 
 class SchedulerDecoder:
@@ -53,22 +71,31 @@ class SchedulerDecoder:
         self.jobs = itertools.count()
         self.updates = 0
 
+        self.current: Any = None  # the job in flight
+        self.cancelled = False
+
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        if self.cancelled:
+            raise JobCancelledError(f"stream {self.stream_id} was cancelled")
         self.updates += 1
         options = {"language": self.language, "initial_prompt": prompt or None, "word_timestamps": True}
-        handle = self.scheduler.submit(audio, options, request_id=f"{self.stream_id}-{next(self.jobs)}")
-        segments = handle.result()["segments"]
+        self.current = self.scheduler.submit(audio, options, request_id=f"{self.stream_id}-{next(self.jobs)}")
+        try:
+            segments = self.current.result()["segments"]
+        finally:
+            self.current = None
         return hypothesis_from_segments(segments, max(len(segments) - 1, 0))
+
+    def cancel(self) -> None:
+        """The client left: drop the job in flight and decode nothing more."""
+        self.cancelled = True
+        current = self.current
+        if current is not None:
+            current.cancel()
 
     def reuse_summary(self) -> dict:
         zero = {"encoder_output": 0, "cross_kv": 0, "prompt_self_kv": 0}
         return {"type": "reuse", "attempted": zero, "accepted": zero, "refused": {}, "updates": self.updates}
-
-
-class RealtimeError(ValueError):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.param = code, param
 
 
 class TranscriptionConnection:
@@ -76,6 +103,9 @@ class TranscriptionConnection:
 
     def __init__(self, websocket: WebSocket) -> None:
         self.ws = websocket
+        settings = getattr(websocket.app.state, "settings", None) or ServeSettings()
+        self.max_message = max_message_chars(settings.realtime_buffer_s)
+        self.buffer_s = settings.realtime_buffer_s
         self.id = f"sess_{uuid.uuid4().hex[:16]}"
         self.rate = 24000
         self.language: str | None = None
@@ -88,6 +118,7 @@ class TranscriptionConnection:
         self.pending = 0  # samples fed since the last update
         self.resampler = Resampler(self.rate)
         self.stream = self._new_stream()
+        self.gone = asyncio.Event()  # the client disconnected
 
     def _new_stream(self) -> StreamingSession:
         app = self.ws.app
@@ -125,42 +156,67 @@ class TranscriptionConnection:
         await self.send("error", error={**error, "event_id": event_id})
 
     async def run(self) -> None:
+        """Answer the client's events in order until it disconnects; a disconnect cancels the decode in
+        flight (its scheduler job leaves the batch at the next step)."""
         await self.send("session.created", session=self.description())
-        while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            event_id = None
-            try:
-                if message.get("text") is None:
-                    raise RealtimeError(
-                        "invalid_frame", "binary frames are not accepted: send JSON text events"
-                    )
-                event = parse_event(message["text"])
-                event_id = event.get("event_id")
-                await self.handle(event)
-            except RealtimeError as err:
-                await self.send_error(err, event_id)
-            except WhisperKVError as err:  # the scheduler refused an update (queue full, shutting down)
-                await self.send_error(
-                    RealtimeError("server_busy", f"this update was not decoded: {err}"), event_id
-                )
+        inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_EVENTS)
+        reader = asyncio.create_task(self._read(inbox))
+        gone = asyncio.create_task(self.gone.wait())
+        try:
+            while not self.gone.is_set():
+                message = await inbox.get()
+                if message is None or self.gone.is_set():
+                    return
+                work = asyncio.create_task(self.answer(message))
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():  # the client left mid-decode
+                    work.cancel()
+                    return
+                work.result()
+        finally:
+            self.cancel_decoding()
+            reader.cancel()
+            gone.cancel()
 
-    async def handle(self, event: dict) -> None:
-        kind = event["type"]
+    async def _read(self, inbox: asyncio.Queue) -> None:
+        """Read the socket while events are handled, so a disconnect is seen during a decode (at most
+        ``INBOX_EVENTS`` wait: past that the socket is not read, and the client waits)."""
+        try:
+            while (message := await self.ws.receive())["type"] != "websocket.disconnect":
+                await inbox.put(message)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+        finally:
+            self.gone.set()
+        await inbox.put(None)
+
+    def cancel_decoding(self) -> None:
+        cancel = getattr(self.stream.decoder, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+    async def answer(self, message: dict) -> None:
+        """One message: its event handled, or an ``error`` event saying why not (the session goes on)."""
+        event_id = None
+        try:
+            event = parse_event(message.get("text"), self.max_message)
+            event_id = event.event_id
+            await self.handle(event)
+        except RealtimeError as err:
+            await self.send_error(err, err.event_id or event_id)
+        except WhisperKVError as err:  # the scheduler refused an update (queue full, shutting down)
+            await self.send_error(
+                RealtimeError("server_busy", f"this update was not decoded: {err}"), event_id
+            )
+
+    async def handle(self, event: ClientEvent) -> None:
+        kind = event.type
         if kind == "session.update":
-            self.configure(event.get("session"))
+            assert event.session is not None
+            self.configure(event.session)
             await self.send("session.updated", session=self.description())
         elif kind == "input_audio_buffer.append":
-            samples = self.decode_audio(event.get("audio"))
-            if self.item_id is None and not self.server_vad:
-                self.item_id = self.new_item()
-            events = await asyncio.to_thread(self.stream.feed, samples)
-            self.pending += len(samples)
-            if self.pending >= CHUNK_S * SAMPLE_RATE:
-                self.pending = 0
-                events += await asyncio.to_thread(self.stream.update)
-            await self.emit(events)
+            await self.append(event.audio)
         elif kind == "input_audio_buffer.commit":
             if not self.stream.has_speech:
                 raise RealtimeError(
@@ -174,72 +230,64 @@ class TranscriptionConnection:
                 "input_audio_buffer.committed", item_id=self.item_id, previous_item_id=self.previous_item_id
             )
             await self.emit(await asyncio.to_thread(self.stream.commit))
-        elif kind == "input_audio_buffer.clear":
+        else:  # input_audio_buffer.clear: parse_event lets through no other type
             self.stream.clear()
             self.item_id = None
             await self.send("input_audio_buffer.cleared")
-        else:
-            raise RealtimeError("unknown_event_type", f"unknown event type {kind!r}", "type")
 
-    def configure(self, session: Any) -> None:
-        if not isinstance(session, dict):
-            raise RealtimeError("invalid_session", "session.update needs a 'session' object", "session")
-        if session.get("type", "transcription") != "transcription":
+    def held_seconds(self) -> float:
+        """Seconds of audio the stream holds for the utterance not yet committed (silence between
+        utterances is not held)."""
+        stream = self.stream
+        return (stream.received - stream.buffer_start) / SAMPLE_RATE if stream.in_speech else 0.0
+
+    async def append(self, data: bytes) -> None:
+        incoming = len(data) / 2 / self.rate
+        if self.held_seconds() + incoming > self.buffer_s:
             raise RealtimeError(
-                "invalid_session_type", "this endpoint serves transcription sessions only", "session.type"
+                "input_audio_buffer_full",
+                f"this append ({incoming:.1f} s) would take the input audio buffer past the server's "
+                f"limit of {self.buffer_s:g} s (--realtime_buffer_s; {self.held_seconds():.1f} s held): "
+                "commit or clear it, or send the audio in smaller pieces as it is spoken",
+                "audio",
             )
-        audio = json_object(session.get("audio"), "session.audio")
-        audio_input = json_object(audio.get("input"), "session.audio.input")
-        fmt = audio_input.get("format")
-        if fmt is not None:
-            if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
-                raise RealtimeError(
-                    "invalid_format", "input format must be audio/pcm", "session.audio.input.format"
-                )
-            rate = fmt.get("rate", 24000)
-            if rate not in RATES:
-                raise RealtimeError(
-                    "invalid_rate",
-                    f"rate must be 24000 or 16000, got {rate!r}",
-                    "session.audio.input.format.rate",
-                )
-            if rate != self.rate:
-                self.rate, self.resampler = rate, Resampler(rate)
-        transcription = json_object(audio_input.get("transcription"), "session.audio.input.transcription")
-        rebuild = False
-        if "language" in transcription and transcription["language"] != self.language:
-            self.language, rebuild = self.checked_language(transcription["language"]), True
-        self.prompt = transcription.get("prompt") or self.prompt
-        if "turn_detection" in audio_input:
-            vad = audio_input["turn_detection"] is not None
-            rebuild = rebuild or vad != self.server_vad
-            self.server_vad = vad
+        try:
+            samples = self.resampler(data)
+        except PCMError as err:
+            raise RealtimeError("invalid_audio", f"'audio': {err}", "audio") from None
+        if self.item_id is None and not self.server_vad:
+            self.item_id = self.new_item()
+        events = await asyncio.to_thread(self.stream.feed, samples)
+        self.pending += len(samples)
+        if self.pending >= CHUNK_S * SAMPLE_RATE:
+            self.pending = 0
+            events += await asyncio.to_thread(self.stream.update)
+        await self.emit(events)
+
+    def configure(self, update: SessionUpdate) -> None:
+        """Apply a checked session update: all of it, or (a RealtimeError) none of it."""
+        language = self.checked_language(update.language) if update.language_given else self.language
+        rebuild = language != self.language
+        if update.rate is not None and update.rate != self.rate:
+            self.rate, self.resampler = update.rate, Resampler(update.rate)
+        self.language = language
+        self.prompt = update.prompt or self.prompt
+        if update.server_vad is not None:
+            rebuild = rebuild or update.server_vad != self.server_vad
+            self.server_vad = update.server_vad
         if rebuild:  # a new stream: committed text so far stays committed (and was sent)
             self.stream = self._new_stream()
 
-    def checked_language(self, language: Any) -> str | None:
+    def checked_language(self, language: str | None) -> str | None:
         from whisperkv.tokenizer import LANGUAGES
 
-        param = "session.audio.input.transcription.language"
         if language is not None and language not in LANGUAGES:
-            raise RealtimeError("invalid_language", f"unknown language {language!r}", param)
+            raise RealtimeError("invalid_language", f"unknown language {quote(language)}", LANGUAGE_PARAM)
         if language not in (None, "en") and not self.ws.app.state.model.is_multilingual:
             raise RealtimeError(
-                "invalid_language", f"the served model is English-only, not {language!r}", param
+                "invalid_language", f"the served model is English-only, not {quote(language)}", LANGUAGE_PARAM
             )
         return language
-
-    def decode_audio(self, audio: Any) -> np.ndarray:
-        if not isinstance(audio, str):
-            raise RealtimeError("invalid_audio", "'audio' must be a base64 string", "audio")
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise RealtimeError("invalid_audio", "'audio' is not valid base64", "audio") from None
-        try:
-            return self.resampler(data)
-        except PCMError as err:
-            raise RealtimeError("invalid_audio", f"'audio': {err}", "audio") from None
 
     def new_item(self) -> str:
         self.item_has_text = False
@@ -288,66 +336,30 @@ class TranscriptionConnection:
                 self.previous_item_id, self.item_id = self.item_id, None
 
 
-def json_object(value: Any, param: str) -> dict:
-    """An optional JSON object field: absent or null is empty, anything else but an object is an error."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RealtimeError("invalid_value", f"'{param}' must be an object", param)
-    return value
-
-
-def parse_event(text: str) -> dict:
-    try:
-        event = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise RealtimeError("invalid_json", f"not JSON: {err.msg}") from None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise RealtimeError("invalid_event", "an event is a JSON object with a string 'type'", "type")
-    return event
-
-
-def refusal(websocket: WebSocket, intent: str | None) -> tuple[RealtimeError, int] | None:
-    """Why this connection may not start (and the close code), or None: the key, the state, the intent."""
-    settings = getattr(websocket.app.state, "settings", None)
-    expected = getattr(settings, "api_key", None)
-    if expected:
-        scheme, _, given = websocket.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            given.strip().encode(), expected.encode()
-        ):
-            return RealtimeError(
-                "invalid_api_key", "missing or incorrect API key: send 'Authorization: Bearer KEY'"
-            ), 1008
-    lifecycle = getattr(websocket.app.state, "lifecycle", None)
-    if lifecycle is not None and lifecycle.shutting_down:
-        return RealtimeError("shutting_down", "the server is shutting down; retry on another instance"), 1013
-    if intent != "transcription":
-        return RealtimeError(
-            "unsupported_intent", "only ?intent=transcription is served here", "intent"
-        ), 1008
-    return None
+def max_message_chars(buffer_s: float) -> int:
+    """The longest event a session reads: one append of a whole buffer at 24 kHz, in base64, plus room
+    for the JSON around it."""
+    return 4 * math.ceil(buffer_s * 24000 * 2 / 3) + MESSAGE_OVERHEAD_CHARS
 
 
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, intent: str | None = None) -> None:
-    await websocket.accept()
+    """Admit the client (key, state, intent, session cap) before the handshake, then run its session."""
     refused = refusal(websocket, intent)
+    sessions = getattr(websocket.app.state, "realtime_sessions", None)
+    if refused is None and sessions is not None and not sessions.try_open():
+        refused = sessions_full(sessions.limit)
+        sessions = None  # not opened: nothing to close
     if refused is not None:
-        error, code = refused
-        payload = {
-            "type": "invalid_request_error",
-            "code": error.code,
-            "message": str(error),
-            "param": error.param,
-        }
-        await websocket.send_text(
-            json.dumps({"event_id": f"event_{uuid.uuid4().hex[:16]}", "type": "error", "error": payload})
-        )
-        await websocket.close(code=code)
+        await deny(websocket, refused)
         return
-    connection = TranscriptionConnection(websocket)
     try:
+        await websocket.accept()
+        # made off the event loop: its voice detector loads a model
+        connection = await asyncio.to_thread(TranscriptionConnection, websocket)
         await connection.run()
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, ClientDisconnected):
         return
+    finally:
+        if sessions is not None:
+            sessions.close()
