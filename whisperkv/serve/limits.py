@@ -57,11 +57,11 @@ def limits_from_args(args: argparse.Namespace) -> RequestLimits:
     return RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
 
 
-def over_limit(param: str, what: str, limit: int, limit_name: str) -> APIError:
+def over_limit(param: str, asked: str, allowed: str, limit_name: str) -> APIError:
     """A 400 that says what was asked, the limit, and the flag that sets it."""
     return APIError(
         400,
-        f"{param}: {what}; this server allows at most {limit} (whisperkv serve --{limit_name})",
+        f"{param}: {asked} asked; this server allows at most {allowed} (whisperkv serve --{limit_name})",
         param=param,
         code=LIMIT_CODE,
     )
@@ -76,19 +76,18 @@ def check_limits(options: Mapping[str, Any], limits: RequestLimits, params: Mapp
         value = options.get(name)
         limit = getattr(limits, limit_name)
         if isinstance(value, int) and value > limit:
-            raise over_limit(params.get(name, name), f"{value} asked", limit, limit_name)
+            raise over_limit(params.get(name, name), str(value), str(limit), limit_name)
     schedule = options.get("temperature")
     if isinstance(schedule, tuple) and len(schedule) > limits.max_temperatures:
-        what = f"{len(schedule)} fallback temperatures asked"
-        raise over_limit(
-            "temperature_increment_on_fallback", what, limits.max_temperatures, "max_temperatures"
-        )
+        asked, allowed = f"{len(schedule)} temperatures", str(limits.max_temperatures)
+        raise over_limit("temperature_increment_on_fallback", asked, allowed, "max_temperatures")
     max_chars = limits.max_prompt_tokens * PROMPT_CHARS_PER_TOKEN
     for name in PROMPT_OPTIONS:
         text = options.get(name)
         if isinstance(text, str) and len(text) > max_chars:
-            what = f"{len(text):,} characters (over {PROMPT_CHARS_PER_TOKEN} a token) asked"
-            raise over_limit(params.get(name, name), what, limits.max_prompt_tokens, "max_prompt_tokens")
+            asked = f"{len(text):,} characters"
+            allowed = f"{limits.max_prompt_tokens} tokens, {max_chars:,} characters"
+            raise over_limit(params.get(name, name), asked, allowed, "max_prompt_tokens")
 
 
 def check_prompt_tokens(
@@ -104,5 +103,5 @@ def check_prompt_tokens(
         if isinstance(text, str):
             count = len(tokenizer.encode(" " + text.strip()))
             if count > limits.max_prompt_tokens:
-                what = f"{count} tokens asked"
-                raise over_limit(params.get(name, name), what, limits.max_prompt_tokens, "max_prompt_tokens")
+                asked, allowed = f"{count} tokens", f"{limits.max_prompt_tokens} tokens"
+                raise over_limit(params.get(name, name), asked, allowed, "max_prompt_tokens")
