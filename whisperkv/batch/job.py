@@ -6,7 +6,8 @@ The data path, top to bottom:
    the model loads), each with a unique output name;
 2. for each file, its audio SHA-256 and its options' digest; a file whose ``results.jsonl`` line has the
    same audio, weights and options is skipped (its outputs are rewritten from the record if missing);
-3. the rest go to the local or the Ray engine; each finished file appends its record at once;
+3. the rest go to the local or the Ray engine; each finished file appends its record at once, and only
+   then are its outputs (written aside by the worker) renamed into place;
 4. ``verify`` re-transcribes a sample of done files here and compares transcripts.
 """
 
@@ -21,7 +22,14 @@ from typing import TYPE_CHECKING
 from whisperkv.batch.inputs import BatchItem, output_stems
 from whisperkv.batch.ledger import Ledger, file_sha256, options_digest
 from whisperkv.batch.progress import Progress
-from whisperkv.batch.work import JobSpec, same_transcript, transcribe_item, write_outputs
+from whisperkv.batch.work import (
+    JobSpec,
+    discard_staged,
+    publish_outputs,
+    same_transcript,
+    transcribe_item,
+    write_outputs,
+)
 
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
@@ -63,7 +71,8 @@ def run_batch(
     digest and serves ``verify``."""
     stems = output_stems(items)
     os.makedirs(spec.output_dir, exist_ok=True)
-    ledger = Ledger.open(spec.output_dir)
+    ledger = Ledger.open(spec.output_dir)  # a last line cut by a crash is dropped here: that file is redone
+    discard_staged(spec.output_dir)
     progress = Progress(len(items))
     todo = []
     for item in items:
@@ -75,7 +84,8 @@ def run_batch(
             progress.add(record, skipped=True)
 
     def on_record(record: dict) -> None:
-        ledger.append(record)
+        ledger.append(record)  # the line first, then the outputs: no output is ever without its line
+        publish_outputs(record)
         progress.add(record)
 
     try:

@@ -3,7 +3,8 @@
 A line records what produced a transcript (audio SHA-256, weights digest, whisperkv version, options)
 next to the transcript itself, so a rerun can prove a file is already done — same audio bytes, same
 weights, same options — and skip it, and ``--verify`` can redo a sample and compare. Lines are only
-appended (a crash loses at most the line being written); when a file has several lines the last wins.
+appended (a crash loses at most the line being written, which the next run drops before it appends);
+when a file has several lines the last wins.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ class Ledger:
     path: str
     records: dict[str, dict] = field(default_factory=dict)
     unreadable_lines: int = 0
+    repaired: bool = False  # a cut last line was dropped when the ledger was opened
 
     @classmethod
     def open(cls, output_dir: str) -> Ledger:
+        """Read the ledger, first dropping a last line that a crash cut short (``repair``)."""
         ledger = cls(os.path.join(output_dir, LEDGER_NAME))
         if os.path.exists(ledger.path):
+            ledger.repaired = repair(ledger.path)
             with open(ledger.path, encoding="utf-8") as f:
                 for line in f:
                     if not line.strip():
@@ -76,6 +80,34 @@ class Ledger:
             f.flush()
             os.fsync(f.fileno())
         self.records[os.path.abspath(record["path"])] = record
+
+
+def repair(path: str) -> bool:
+    """Drop a last line without its newline (a write cut by a crash) so the next append starts a line of
+    its own; True when one was dropped. Glued onto the cut text, the next record would be unreadable
+    too, and its file redone on every run. The dropped line's file has no record: it is redone."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return False
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return False
+        keep = 0  # the bytes up to the last newline, found reading backwards a block at a time
+        position = size
+        while position > 0:
+            start = max(0, position - (1 << 16))
+            f.seek(start)
+            block = f.read(position - start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            position = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
 
 
 def _plain(value: Any) -> Any:

@@ -8,10 +8,12 @@ and the job goes on. With one worker the files run in this process (no second co
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 from collections.abc import Callable, Iterable
 
 from whisperkv.batch.inputs import BatchItem
+from whisperkv.batch.parent_watch import die_with_parent, exit_if_orphaned
 from whisperkv.batch.work import JobSpec, transcribe_item
 
 Record = dict
@@ -21,16 +23,26 @@ POLL_SECONDS = 0.5
 MAX_ATTEMPTS = 2
 
 
-def _worker_main(index: int, spec: JobSpec, tasks: mp.Queue, results: mp.Queue) -> None:
-    """A worker: load the model, then transcribe the files the parent hands it until it sends None."""
+def _worker_main(index: int, spec: JobSpec, tasks: mp.Queue, results: mp.Queue, parent: int) -> None:
+    """A worker: load the model, then transcribe the files the parent hands it until it sends None.
+
+    It dies with its parent (``parent_watch``): killed by the kernel on Linux, and everywhere it checks
+    while it waits for a file and before it writes one's outputs."""
+    die_with_parent(parent)
     model = spec.load_model()
     results.put((index, None))  # ready
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            exit_if_orphaned(parent)
+            continue
         if task is None:
             return
         item, stem = task
-        results.put((index, transcribe_item(model, spec, item, stem)))
+        exit_if_orphaned(parent)
+        record = transcribe_item(model, spec, item, stem, before_write=lambda: exit_if_orphaned(parent))
+        results.put((index, record))
 
 
 def run_local(
@@ -69,7 +81,9 @@ class _Pool:
     def _start(self, i: int) -> None:
         self.queues[i] = self.ctx.Queue()
         self.procs[i] = self.ctx.Process(
-            target=_worker_main, args=(i, self.spec, self.queues[i], self.results), daemon=True
+            target=_worker_main,
+            args=(i, self.spec, self.queues[i], self.results, os.getpid()),
+            daemon=True,
         )
         self.procs[i].start()
         self.holding[i] = None

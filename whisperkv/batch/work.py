@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +59,16 @@ def _version() -> str:
     return __version__
 
 
-def transcribe_item(model: Whisper, spec: JobSpec, item: BatchItem, stem: str) -> dict[str, Any]:
-    """Transcribe one file and write its outputs; return its ``results.jsonl`` record (or its error)."""
+def transcribe_item(
+    model: Whisper,
+    spec: JobSpec,
+    item: BatchItem,
+    stem: str,
+    before_write: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Transcribe one file and stage its outputs (``publish_outputs`` puts them in place once the record
+    is in ``results.jsonl``); return its record (or its error). ``before_write`` runs just before the
+    outputs are written: a local worker exits there if its parent has died."""
     options = spec.file_options(item)
     record: dict[str, Any] = {
         "path": item.path,
@@ -87,7 +96,9 @@ def transcribe_item(model: Whisper, spec: JobSpec, item: BatchItem, stem: str) -
         record["language"] = result["language"]
         record["text"] = result["text"]
         record["segments"] = result["segments"]
-        record["outputs"] = write_outputs(result, spec, stem)
+        if before_write is not None:
+            before_write()
+        record["outputs"] = write_outputs(result, spec, stem, staged=True)
     except WhisperKVError as err:
         record["error"] = str(err) if item.path in str(err) else f"{item.path}: {err}"
     except OSError as err:
@@ -98,16 +109,51 @@ def transcribe_item(model: Whisper, spec: JobSpec, item: BatchItem, stem: str) -
     return record
 
 
-def write_outputs(result: dict, spec: JobSpec, stem: str) -> list[str]:
-    """Render every requested format first, then write them atomically (all or nothing)."""
+#: how a staged output is named: hidden, beside the output it becomes (``.jfk.txt.pending``)
+STAGED_SUFFIX = ".pending"
+
+
+def staged_path(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}{STAGED_SUFFIX}")
+
+
+def write_outputs(result: dict, spec: JobSpec, stem: str, staged: bool = False) -> list[str]:
+    """Render every requested format first, then write them atomically (all or nothing); return the
+    outputs' paths. ``staged``: written under their ``staged_path`` names, for ``publish_outputs``."""
     formats = SUPPORTED_FORMATS if spec.output_format == "all" else (spec.output_format,)
     texts = [(fmt, render(result, fmt, spec.writer_options)) for fmt in formats]
     paths = []
     for fmt, text in texts:
         path = os.path.join(spec.output_dir, f"{stem}.{fmt}")
-        write_atomic(path, text)
+        write_atomic(staged_path(path) if staged else path, text)
         paths.append(path)
     return paths
+
+
+def publish_outputs(record: dict) -> None:
+    """Rename a recorded file's staged outputs into place. Called once its line is in ``results.jsonl``,
+    so every output has a line: a run killed before this leaves only hidden staged files (its next run
+    redoes the file), one killed during it has the line (its next run rewrites the outputs from it)."""
+    for path in record.get("outputs") or []:
+        try:
+            os.replace(staged_path(path), path)
+        except FileNotFoundError:
+            pass  # written by a Ray actor on a machine without this folder: the record has the text
+
+
+def discard_staged(output_dir: str) -> None:
+    """Remove staged outputs a killed run left behind (their files have no line: they are redone)."""
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(".") and name.endswith(STAGED_SUFFIX):
+            try:
+                os.unlink(os.path.join(output_dir, name))
+            except OSError:
+                pass
 
 
 def same_transcript(a: dict, b: dict) -> str | None:
