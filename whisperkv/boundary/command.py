@@ -16,7 +16,12 @@ def add_remote_encoder_args(p: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="encode windows on this worker, sealed (e.g. http://127.0.0.1:8001)",
     )
-    p.add_argument("--secret_file", default=None, help="file holding the secret shared with the worker")
+    p.add_argument(
+        "--secret_file",
+        default=None,
+        help="file holding the secret shared with the worker: 32 random bytes, mode 600 "
+        "(head -c 32 /dev/urandom > boundary.key; chmod 600 boundary.key)",
+    )
     p.add_argument(
         "--carry", default="features", choices=["features", "cross_kv"], help="what the worker sends back"
     )
@@ -49,7 +54,11 @@ def add_parser(sub) -> None:
         choices=["default", "float32", "int8"],
         help="int8: faster, an approximation",
     )
-    p.add_argument("--secret_file", required=True, help="file holding the secret shared with decoders")
+    p.add_argument(
+        "--secret_file",
+        required=True,
+        help="file holding the secret shared with decoders: 32 random bytes (or 64 hex digits), mode 600",
+    )
     p.add_argument("--carry", default="features", choices=["features", "cross_kv"], help="what to send back")
 
 
