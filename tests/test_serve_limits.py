@@ -97,6 +97,7 @@ HOSTILE = [
     ({"clip_timestamps": "-3"}, "clip_timestamps", "at least 0"),
     ({"clip_timestamps": "1000"}, "clip_timestamps", "end of the audio", "3 s"),
     ({"clip_timestamps": "0,1,3"}, "clip_timestamps", "end of the audio"),
+    ({"clip_timestamps": ",".join(["0,0.5"] * 400)}, "clip_timestamps", "400 windows", "--max_audio_s"),
     ({"suppress_tokens": "-5"}, "suppress_tokens", "-5"),
     ({"suppress_tokens": "99999999"}, "suppress_tokens", "99999999", "51864"),
     ({"max_initial_timestamp": "-1"}, "max_initial_timestamp", "at least 0"),
@@ -196,6 +197,16 @@ def test_limits_are_the_servers_settings(tiny_model, short_wav):
             _post(http, short_wav, {"prompt": "one two three four five six"}), "prompt", "6 tokens"
         )
         assert _post(http, short_wav, {"prompt": "one two three four five"}).status_code == 200
+
+
+def test_overlapping_clips_ask_no_more_windows_than_the_longest_upload(tiny_model, short_wav):
+    from whisperkv.engine import Scheduler
+
+    settings = ServeSettings(api_key="test-key", max_audio_s=60.0)  # two windows of 30 s
+    with TestClient(create_app(tiny_model, Scheduler(tiny_model), settings)) as http:
+        refused = _post(http, short_wav, {"clip_timestamps": "0,1,0,1,0,1"})
+        _assert_refused(refused, "clip_timestamps", "3 windows", "at most 2 windows", "--max_audio_s")
+        assert _post(http, short_wav, {"clip_timestamps": "0,1,0,1"}).status_code == 200
 
 
 # ---------------------------------------------------------------------------------------------------

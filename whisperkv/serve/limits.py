@@ -9,10 +9,12 @@ tokenizing a huge string (time quadratic in the length of one long word) can nev
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
+from whisperkv.options_check import parse_numbers
 from whisperkv.serve.errors import APIError
 from whisperkv.serve.settings import RequestLimits
 
@@ -105,3 +107,24 @@ def check_prompt_tokens(
             if count > limits.max_prompt_tokens:
                 asked, allowed = f"{count} tokens", f"{limits.max_prompt_tokens} tokens"
                 raise over_limit(params.get(name, name), asked, allowed, "max_prompt_tokens")
+
+
+#: seconds of audio one decoder window covers
+WINDOW_S = 30.0
+
+
+def check_clip_work(clips: str | Iterable[Any], duration_s: float, max_audio_s: float) -> None:
+    """Refuse clips that ask for more windows than the longest upload allowed (``--max_audio_s``) would.
+
+    Clips may overlap and each costs at least one window however short, so ``0,1,0,1,...`` in a
+    megabyte of form field would otherwise decode the same second a quarter of a million times.
+    """
+    points = parse_numbers("clip_timestamps", clips)
+    starts, ends = points[::2], [*points[1::2], duration_s]
+    windows = sum(
+        max(1, math.ceil((min(end, duration_s) - start) / WINDOW_S)) for start, end in zip(starts, ends)
+    )
+    allowed = math.ceil(max_audio_s / WINDOW_S)
+    if windows > allowed:
+        asked = f"clips of {windows:,} windows of {WINDOW_S:g} s"
+        raise over_limit("clip_timestamps", asked, f"{allowed:,} windows", "max_audio_s")

@@ -26,6 +26,7 @@ from whisperkv.options_check import OptionError, check_clips_within
 from whisperkv.serve.auth import require_api_key
 from whisperkv.serve.errors import APIError, error_body
 from whisperkv.serve.jobs import ClientDisconnected, iterate_segments, wait_for_result
+from whisperkv.serve.limits import check_clip_work
 from whisperkv.serve.request import check_with_model, option_error, parse_audio_request
 from whisperkv.serve.responses import delta_event, done_event, error_event, format_result
 from whisperkv.serve.upload import open_upload
@@ -66,6 +67,8 @@ def _submit(request: Request, audio: np.ndarray | AudioSource, options: dict) ->
         if "clip_timestamps" in options:  # a clip starting past the end holds nothing to transcribe
             n_samples = len(audio) if isinstance(audio, np.ndarray) else audio.n_samples
             check_clips_within(options["clip_timestamps"], n_samples / SAMPLE_RATE)
+            settings = request.app.state.settings
+            check_clip_work(options["clip_timestamps"], n_samples / SAMPLE_RATE, settings.max_audio_s)
         transcribe_options = TranscribeOptions.from_dict(options)
     except OptionError as err:
         raise option_error(err) from None
