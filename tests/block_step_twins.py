@@ -14,9 +14,9 @@ PROMPT = [50257, 50362, 440]
 
 def cross_kv_of(model, speech_dir, clips: list[str]) -> list:  # noqa: ANN001
     """The Cross-KV of one window per clip (a batched step's cache when there are several)."""
-    mel = torch.stack(
-        [pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / c)), N_FRAMES) for c in clips]
-    )
+    n_mels = model.dims.n_mels
+    audio = [whisperkv.load_audio(speech_dir / c) for c in clips]
+    mel = torch.stack([pad_or_trim(log_mel_spectrogram(a, n_mels), N_FRAMES) for a in audio])
     with torch.no_grad():
         return model.decoder.project_cross_kv(model.embed_audio(mel), model.encoder_provenance(mel))
 

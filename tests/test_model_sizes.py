@@ -22,6 +22,7 @@ from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.random_weights import random_checkpoint, write_random_model
 from whisperkv.tokenizer import Tokenizer
 
+from .block_step_twins import cross_kv_of, decode_steps
 from .conftest import SPEECH_DIR, require_oracle
 
 pytestmark = pytest.mark.oracle
@@ -123,8 +124,14 @@ def _fixed_work_parity(ours, reference, clips: tuple[str, ...] = CLIPS) -> list[
     return differences
 
 
-def test_width_1280_through_the_kernels_gives_the_references_tokens(wide_pt):
-    ours = whisperkv.load_model(str(wide_pt))
+@pytest.fixture(scope="module")
+def wide_models(wide_pt):
+    """The width-1280 model as each CPU type loads it (one load each for the module)."""
+    return {kind: whisperkv.load_model(str(wide_pt), compute_type=kind) for kind in ("float32", "int8")}
+
+
+def test_width_1280_through_the_kernels_gives_the_references_tokens(wide_pt, wide_models):
+    ours = wide_models["float32"]
     assert "linears kernel" in ours.weights_digest, "the C kernels did not take width 1280"
     reference = whisper.load_model(str(wide_pt), device="cpu").float().eval()
     assert not _fixed_work_parity(ours, reference, CLIPS[:1])
@@ -137,3 +144,20 @@ def test_full_size_random_models_give_the_references_tokens(size, tmp_path):
     ours = whisperkv.load_model(str(path))
     reference = whisper.load_model(str(path), device="cpu").float().eval()
     assert not _fixed_work_parity(ours, reference)
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_width_1280_whole_step_in_one_call_gives_its_twins_bits(wide_models, compute_type, monkeypatch):
+    """Each type's decoder step in one C call at width 1280 against the blocks called from Python."""
+    model = wide_models[compute_type]
+    if compute_type == "int8" and model.decoder.decoder_step is None:
+        pytest.skip("the int8 type's step kernels are not built here (no compiler, or no AVX512-VNNI)")
+    assert model.decoder.decoder_step is not None, "the one-call step refused width 1280"
+    cross = cross_kv_of(model, SPEECH_DIR, ["en/jfk.flac"])
+    for rows in (1, 5):
+        fused = decode_steps(model.decoder, cross, rows, steps=3)
+        with monkeypatch.context() as patch:
+            patch.setattr(model.decoder, "decoder_step", None)
+            twin = decode_steps(model.decoder, cross, rows, steps=3)
+        assert torch.equal(fused[0], twin[0]), f"{rows} rows: logits differ"
+        assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True)), f"{rows} rows: Self-KV"
