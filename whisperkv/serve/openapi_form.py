@@ -8,6 +8,7 @@ How the routes parse is unchanged. The schema is served at ``/openapi.json`` beh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -40,11 +41,33 @@ _ERROR = {
 }
 
 
-def audio_form() -> dict[str, Any]:
+def _accepts(parser: Callable[[str], Any], text: str) -> bool:
+    try:
+        parser(text)
+    except ValueError:
+        return False
+    return True
+
+
+def option_type(parser: Callable[[str], Any]) -> str:
+    """The JSON type of a text field, from what its parser takes: any text (string), true (boolean),
+    0.5 (number) or only whole numbers (integer)."""
+    if _accepts(parser, "text") and _accepts(parser, "0.5"):
+        return "string"
+    if _accepts(parser, "true"):
+        return "boolean"
+    return "number" if _accepts(parser, "0.5") else "integer"
+
+
+def audio_form(served_names: tuple[str, ...]) -> dict[str, Any]:
     """The multipart body of a transcription or translation request."""
     properties: dict[str, Any] = {
         "file": {"type": "string", "format": "binary", "description": "the audio file"},
-        "model": {"type": "string", "description": "the served model's name or whisper-1"},
+        "model": {
+            "type": "string",
+            "enum": list(served_names),
+            "description": "the served model or whisper-1",
+        },
         "language": {"type": "string"},
         "prompt": {"type": "string"},
         "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
@@ -55,14 +78,19 @@ def audio_form() -> dict[str, Any]:
             "items": {"type": "string", "enum": list(GRANULARITIES)},
         },
     }
-    for name in WHISPER_OPTIONS:  # openai-whisper's options, each a text field parsed to its type
-        properties.setdefault(name, {"type": "string"})
+    for name, parser in WHISPER_OPTIONS.items():  # openai-whisper's options, each parsed to its type
+        properties.setdefault(name, {"type": option_type(parser)})
     assert set(OPENAI_FIELDS) <= set(properties)
     return {
         "required": True,
         "content": {
             "multipart/form-data": {
-                "schema": {"type": "object", "required": ["file", "model"], "properties": properties}
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "model"],
+                    "properties": properties,
+                    "additionalProperties": False,  # any other field is a 400 (unknown_parameter)
+                }
             }
         },
     }
@@ -79,7 +107,7 @@ def server_schema(app: FastAPI) -> dict[str, Any]:
     error_ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for path in AUDIO_PATHS:
         operation = schema["paths"][path]["post"]
-        operation["requestBody"] = audio_form()
+        operation["requestBody"] = audio_form(app.state.settings.served_names)
         operation["security"] = [{"bearer": []}]
         for status, why in ERROR_STATUSES.items():
             operation["responses"].setdefault(status, {"description": why, **error_ref})
