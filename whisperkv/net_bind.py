@@ -67,11 +67,3 @@ def listening_url(sock: socket.socket, scheme: str = "http") -> str:
     """Where ``sock`` listens, as a URL (the real port when 0 was asked for)."""
     host, port = sock.getsockname()[:2]
     return f"{scheme}://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{scheme}://{host}:{port}"
-
-
-def check_can_listen(host: str, port: int) -> int:
-    """Bind ``host:port`` once and let go (for a server that binds it again itself): the port it got, or
-    :class:`ListenError`. Another process may take the port in between; ``bind_listening_socket`` and
-    ``Server.run(sockets=...)`` leave no such gap."""
-    with bind_listening_socket(host, port) as sock:
-        return sock.getsockname()[1]

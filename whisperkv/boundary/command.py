@@ -66,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
     from whisperkv.boundary.keys import read_secret
     from whisperkv.boundary.worker import run_worker
     from whisperkv.cli import _load
-    from whisperkv.net_bind import check_can_listen
+    from whisperkv.net_bind import bind_listening_socket, listening_url
 
     secret = read_secret(args.secret_file)
-    port = check_can_listen(args.host, args.port)  # a bad or busy port: one error line before the model loads
-    model = _load(args)
-    where = f"[{args.host}]:{port}" if ":" in args.host else f"{args.host}:{port}"
-    print(f"whisperkv encoder-worker: listening on http://{where}", file=sys.stderr, flush=True)
-    run_worker(model, secret, args.carry, args.host, port)
+    # a bad or busy port: one error line before the model loads; uvicorn then serves on this socket
+    with bind_listening_socket(args.host, args.port) as sock:
+        model = _load(args)
+        print(f"whisperkv encoder-worker: listening on {listening_url(sock)}", file=sys.stderr, flush=True)
+        run_worker(model, secret, args.carry, sock=sock)
     return 0

@@ -43,6 +43,8 @@ from whisperkv.cache.provenance import tensor_digest
 from whisperkv.errors import SealedCacheError
 
 if TYPE_CHECKING:
+    import socket
+
     from whisperkv.model.whisper import Whisper
 
 MAX_HELLO_BYTES = 4096  # a hello is about 400 bytes
@@ -235,11 +237,23 @@ def create_app(
     return app
 
 
-def run_worker(model: Whisper, secret: bytes, carry: str, host: str = "127.0.0.1", port: int = 8001) -> None:
-    """Serve the worker with uvicorn until interrupted."""
+def run_worker(
+    model: Whisper,
+    secret: bytes,
+    carry: str,
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve the worker with uvicorn until interrupted; on ``sock`` when given (a socket bound before the
+    model loaded, ``net_bind``), else on ``host:port``."""
     import uvicorn
 
-    uvicorn.run(create_app(model, secret, carry), host=host, port=port, log_level="warning")
+    app = create_app(model, secret, carry)
+    if sock is None:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    else:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 @contextmanager
