@@ -144,3 +144,14 @@ def test_get_writer_takes_options_as_a_dict_or_as_keywords(tmp_path):
     assert keywords.count("-->") == 3 and "00:00:00,000 --> 00:00:00,600\nask not what\n" in keywords
     with pytest.raises(ValueError):
         whisperkv.utils.get_writer("docx", str(tmp_path))
+
+
+@pytest.mark.oracle
+def test_decode_of_a_batch_gives_one_result_per_window_as_the_reference(tiny_model, reference_model, jfk_mel):
+    whisper = require_oracle("whisper")
+    clip = SPEECH_DIR / "en" / "lj_LJ001-0007.flac"
+    mels = torch.stack([jfk_mel, pad_or_trim(log_mel_spectrogram(str(clip)), N_FRAMES)])
+    ours = whisperkv.decode(tiny_model, mels, whisperkv.DecodingOptions(language="en", fp16=False))
+    theirs = whisper.decode(reference_model, mels, whisper.DecodingOptions(language="en", fp16=False))
+    assert [r.text for r in ours] == [r.text for r in theirs] and len(ours) == 2
+    assert ours[0].tokens == tiny_model.decode(jfk_mel, language="en", fp16=False).tokens

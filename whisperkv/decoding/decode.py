@@ -342,11 +342,16 @@ def cache_report(cache: DecoderCache) -> dict:
 
 def decode(
     model: Whisper, mel: torch.Tensor, options: DecodingOptions | None = None, **kwargs
-) -> DecodingResult:
-    """openai-whisper-style entry point: decode one Mel window [n_mels, 3000] (or its features)."""
+) -> DecodingResult | list[DecodingResult]:
+    """openai-whisper-style entry point: decode one Mel window [n_mels, 3000] (or its features).
+
+    A batch [B, n_mels, 3000] gives a list of B results, as the reference's ``decode`` does.
+    """
     from whisperkv.decoding.language import detect_language_from_features
 
     options = replace(options or DecodingOptions(), **kwargs)
+    if mel.ndim == 3 and mel.shape[0] > 1:
+        return [decode(model, window, options) for window in mel]
     mel = mel if mel.ndim == 3 else mel.unsqueeze(0)
     if mel.shape[-2:] == (model.dims.n_audio_ctx, model.dims.n_audio_state):
         features = mel
