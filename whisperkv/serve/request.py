@@ -197,25 +197,7 @@ def parse_audio_request(
         if name not in known:
             raise APIError(400, f"unknown parameter '{name}'", param=name, code="unknown_parameter")
 
-    files = form.getlist("file")
-    if not files:
-        raise APIError(400, "missing required parameter 'file'", param="file")
-    if len(files) > 1 or not isinstance(files[0], UploadFile):
-        raise APIError(400, "'file' must be exactly one uploaded file", param="file")
-    model = _single(form, "model")
-    if model is None:
-        raise APIError(400, "missing required parameter 'model'", param="model")
-    if model not in served_names:
-        names = ", ".join(repr(n) for n in served_names)
-        raise APIError(
-            404,
-            f"the model '{model}' does not exist; this server serves {names}",
-            param="model",
-            code="model_not_found",
-        )
-
-    _check_file_name(files[0])
-    request = AudioRequest(upload=files[0], model=model, task=task)
+    request = AudioRequest(upload=_upload(form), model=_model(form, served_names), task=task)
     options: dict[str, Any] = {}
     if task == "translate":
         if not multilingual:
@@ -257,6 +239,46 @@ def parse_audio_request(
         if text is not None:
             options[name] = _parse(name, text, parser)
 
+    schedule = _schedule(form, limits.max_temperatures)
+    if schedule is not None:
+        options["temperature"] = schedule
+    _granularities(form, request, options)
+    request.options = options
+    check_limits(options, limits, request.params)
+    try:
+        check_transcribe_options(None, options)  # what needs no model: the CLI's and transcribe()'s checks
+    except OptionError as err:
+        raise option_error(err, request.params) from None
+    return request
+
+
+def _upload(form: FormData) -> UploadFile:
+    files = form.getlist("file")
+    if not files:
+        raise APIError(400, "missing required parameter 'file'", param="file")
+    if len(files) > 1 or not isinstance(files[0], UploadFile):
+        raise APIError(400, "'file' must be exactly one uploaded file", param="file")
+    _check_file_name(files[0])
+    return files[0]
+
+
+def _model(form: FormData, served_names: Iterable[str]) -> str:
+    model = _single(form, "model")
+    if model is None:
+        raise APIError(400, "missing required parameter 'model'", param="model")
+    if model not in served_names:
+        names = ", ".join(repr(n) for n in served_names)
+        raise APIError(
+            404,
+            f"the model '{model}' does not exist; this server serves {names}",
+            param="model",
+            code="model_not_found",
+        )
+    return model
+
+
+def _schedule(form: FormData, max_temperatures: int) -> Any:
+    """``temperature`` and ``temperature_increment_on_fallback`` as transcribe()'s ``temperature``."""
     temperature_text = _single(form, "temperature")
     temperature = 0.0 if temperature_text is None else _parse("temperature", temperature_text, _finite)
     increment_text = _single(form, "temperature_increment_on_fallback")
@@ -267,10 +289,11 @@ def parse_audio_request(
             increment_text,
             WHISPER_OPTIONS["temperature_increment_on_fallback"],
         )
-    schedule = _temperature(temperature, increment, increment_text is not None, limits.max_temperatures)
-    if schedule is not None:
-        options["temperature"] = schedule
+    return _temperature(temperature, increment, increment_text is not None, max_temperatures)
 
+
+def _granularities(form: FormData, request: AudioRequest, options: dict[str, Any]) -> None:
+    """``timestamp_granularities[]``: the response's parts; "word" turns word timestamps on."""
     granularities = [*form.getlist("timestamp_granularities[]"), *form.getlist("timestamp_granularities")]
     for value in granularities:
         if value not in GRANULARITIES:
@@ -292,13 +315,6 @@ def parse_audio_request(
                 param="word_timestamps",
             )
         options["word_timestamps"] = True
-    request.options = options
-    check_limits(options, limits, request.params)
-    try:
-        check_transcribe_options(None, options)  # what needs no model: the CLI's and transcribe()'s checks
-    except OptionError as err:
-        raise option_error(err, request.params) from None
-    return request
 
 
 async def check_with_model(request: AudioRequest, model: Any, limits: RequestLimits | None = None) -> None:
