@@ -187,6 +187,27 @@ def test_a_trailing_slash_is_a_404_not_a_redirect_built_from_host(base):
         assert "location" not in response.headers and "attacker" not in response.text
 
 
+def test_once_shutdown_begins_a_body_still_being_read_is_a_503_at_once(records):
+    from whisperkv.serve import ServeSettings, create_app
+
+    settings = ServeSettings(api_key=API_KEY, body_timeout_s=60)
+    app = create_app(EnglishModel(), StandInScheduler(), settings)
+    server, thread, port = _serve(app)
+    try:
+        with _raw(f"http://127.0.0.1:{port}") as sock:
+            sock.sendall(_upload_head(10_000_000) + f"--{BOUNDARY}\r\n".encode() + b"x" * 100)
+            time.sleep(0.3)
+            started = time.monotonic()
+            app.state.lifecycle.begin_shutdown()  # what the first SIGTERM does
+            answer = _read_all(sock, 10)
+            elapsed = time.monotonic() - started
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert answer.startswith(b"HTTP/1.1 503") and b"shutting_down" in answer, answer[:300]
+    assert answer.endswith(b"<closed>") and elapsed < 3, elapsed
+
+
 def test_without_a_key_the_schema_is_open(records):
     from whisperkv.serve import ServeSettings, create_app
 
@@ -245,6 +266,7 @@ def test_a_bad_or_busy_port_is_one_error_line_before_the_model_loads(command, se
     _one_error_line(capsys, [command, "--host", "no-such-host.invalid", "--port", "0", *model], "resolve")
 
 
+@pytest.mark.slow
 def test_sigterm_with_a_trickling_upload_answers_it_503_and_exits_at_once(tmp_path):
     """``whisperkv serve --port 0`` says where it listens; SIGTERM during a trickling upload answers it 503
     and exits 0 within seconds (uvicorn alone waited for the trickle: over 90 s)."""
@@ -300,6 +322,28 @@ def test_sigterm_with_a_trickling_upload_answers_it_503_and_exits_at_once(tmp_pa
     assert "Traceback" not in output, output
 
 
+def test_the_encoder_worker_serves_on_the_socket_it_bound_and_says_where(secret_file, capsys, monkeypatch):
+    """In this process, the model load and uvicorn stood in for: the port is bound first, printed, and
+    that listening socket is what the worker is served on."""
+    from whisperkv import cli
+    from whisperkv.boundary import worker
+
+    served: dict = {}
+
+    def serve(model, secret, carry, host="127.0.0.1", port=8001, sock=None) -> None:
+        served.update(model=model, sock=sock, port=sock.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", served["port"]), timeout=5):
+            pass  # it listens already
+
+    monkeypatch.setattr(cli, "_load", lambda args: "the model")
+    monkeypatch.setattr(worker, "run_worker", serve)
+    assert cli.main(["encoder-worker", "--port", "0", "--secret_file", secret_file]) == 0
+    err = capsys.readouterr().err
+    assert served["model"] == "the model"
+    assert f"whisperkv encoder-worker: listening on http://127.0.0.1:{served['port']}" in err, err
+
+
+@pytest.mark.slow
 def test_the_encoder_worker_says_where_it_listens(tmp_path, secret_file):
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
