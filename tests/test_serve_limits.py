@@ -300,3 +300,12 @@ def test_an_unexpected_exception_is_a_generic_500(tiny_model):
     assert answer.status_code == 500
     assert answer.json()["error"]["type"] == "server_error"
     assert "secret" not in answer.text and "Traceback" not in answer.text
+
+
+def test_an_error_repeats_at_most_a_few_characters_of_a_huge_value(client, short_wav):
+    for field in ("beam_size", "language", "response_format", "model"):
+        answer = _post(client, short_wav, {field: "x" * 500_000})
+        assert answer.status_code in (400, 404), answer.text
+        error = answer.json()["error"]
+        assert error["param"] == field and len(error["message"]) < 300, error["message"][:300]
+        assert "500,000 characters" in error["message"]

@@ -112,6 +112,15 @@ class AudioRequest:
         return bool(self.options.get("word_timestamps"))
 
 
+#: the most characters of a client's value an error message repeats back
+SHOWN_CHARS = 40
+
+
+def _shown(text: str) -> str:
+    """A client's value as an error message quotes it: repr'd, and cut (a field may be a megabyte)."""
+    return repr(text) if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]!r}... ({len(text):,} characters)"
+
+
 def _single(form: FormData, name: str) -> str | None:
     values = form.getlist(name)
     if not values:
@@ -128,7 +137,7 @@ def _parse(name: str, text: str, parser: Callable[[str], Any]) -> Any:
         return parser(text)
     except ValueError as err:
         reason = str(err) if "expected" in str(err) or "must" in str(err) else "invalid value"
-        raise APIError(400, f"invalid value {text!r} for '{name}': {reason}", param=name) from None
+        raise APIError(400, f"invalid value {_shown(text)} for '{name}': {reason}", param=name) from None
 
 
 def _temperature(
@@ -167,12 +176,12 @@ def _language(text: str, multilingual: bool) -> str:
     code = TO_LANGUAGE_CODE.get(code, code)
     if code not in LANGUAGES:
         raise APIError(
-            400, f"unknown language {text!r} (use an ISO-639-1 code such as 'en')", param="language"
+            400, f"unknown language {_shown(text)} (use an ISO-639-1 code such as 'en')", param="language"
         )
     if not multilingual and code != "en":
         raise APIError(
             400,
-            f"the served model is English-only; language {text!r} needs a multilingual model",
+            f"the served model is English-only; language {_shown(text)} needs a multilingual model",
             param="language",
         )
     return code
@@ -214,7 +223,8 @@ def parse_audio_request(
         if response_format not in RESPONSE_FORMATS:
             raise APIError(
                 400,
-                f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; got {response_format!r}",
+                f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
+                f"got {_shown(response_format)}",
                 param="response_format",
             )
         request.response_format = response_format
@@ -270,7 +280,7 @@ def _model(form: FormData, served_names: Iterable[str]) -> str:
         names = ", ".join(repr(n) for n in served_names)
         raise APIError(
             404,
-            f"the model '{model}' does not exist; this server serves {names}",
+            f"the model {_shown(model)} does not exist; this server serves {names}",
             param="model",
             code="model_not_found",
         )
@@ -299,7 +309,7 @@ def _granularities(form: FormData, request: AudioRequest, options: dict[str, Any
         if value not in GRANULARITIES:
             raise APIError(
                 400,
-                f"timestamp_granularities must be 'segment' or 'word', got {value!r}",
+                f"timestamp_granularities must be 'segment' or 'word', got {_shown(str(value))}",
                 param="timestamp_granularities",
             )
     if granularities and request.response_format != "verbose_json":
