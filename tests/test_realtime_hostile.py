@@ -33,6 +33,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BUFFER_S = 5.0
 SESSIONS = 2
 TIMEOUT = 20  # seconds for any one server event
+LOOP_THREAD: list[threading.Thread] = []
 
 
 class StandInHandle:
@@ -101,6 +102,7 @@ def url(app):
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    LOOP_THREAD.append(thread)  # the server's event loop runs in it
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -326,6 +328,31 @@ def test_a_client_that_disconnects_cancels_its_update_job(url, app):
         assert job.cancelled.wait(TIMEOUT), "the disconnect did not cancel the update job"
     finally:
         scheduler.block = False
+
+
+def test_a_new_voice_detector_is_made_off_the_event_loop(url, monkeypatch):
+    """A SpeechDetector loads silero (about 0.1 s): made on the loop, a client toggling turn detection
+    would stall every other client."""
+    from whisperkv.serve import realtime
+
+    made_in: list[threading.Thread] = []
+
+    class RecordedDetector(realtime.SpeechDetector):
+        def __init__(self, *args, **kwargs) -> None:
+            made_in.append(threading.current_thread())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(realtime, "SpeechDetector", RecordedDetector)
+
+    async def talk() -> None:
+        async with await connect(url) as ws:  # the session's first detector
+            for vad in (None, {"type": "server_vad"}):  # off, then on again: a second one
+                update = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}}
+                await ws.send(json.dumps(update))
+                assert (await recv(ws))["type"] == "session.updated"
+
+    asyncio.run(talk())
+    assert len(made_in) == 2 and LOOP_THREAD[0] not in made_in
 
 
 JSON = st.recursive(

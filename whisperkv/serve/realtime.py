@@ -213,7 +213,7 @@ class TranscriptionConnection:
         kind = event.type
         if kind == "session.update":
             assert event.session is not None
-            self.configure(event.session)
+            await asyncio.to_thread(self.configure, event.session)  # a new stream's VAD loads a model
             await self.send("session.updated", session=self.description())
         elif kind == "input_audio_buffer.append":
             await self.append(event.audio)
