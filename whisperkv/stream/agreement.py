@@ -1,10 +1,18 @@
 """LocalAgreement-2: a word is final once two consecutive hypotheses agree on it and on all before it.
 
 Each update re-transcribes the whole audio buffer, which still holds audio of words already committed.
-So a new hypothesis is first stripped of what is already committed (words ending before the last
-commit, and a repeated n-gram at the seam); then the longest common prefix of the previous and the new
-remainder, compared word by word on normalised text, is committed. Committed words are never retracted:
-the list only grows.
+So a new hypothesis is first stripped of its leading words that are already committed (as many as the
+buffer holds committed words, where the hypothesis repeats the committed tail there; else judged by
+time and text); then the longest common prefix of the previous and the new remainder, compared word by
+word on normalised text, is committed. Committed words are never retracted: the list only grows, and
+its times never go back (a word's start is clamped to the end of the word before it).
+
+No more words are stripped than are committed and still heard in the buffer (``first_in_buffer``, kept
+by the session), plus one: "word word word" said three times is three words, not a re-hearing.
+
+``settled`` says how many leading words of the last hypothesis are committed after the update: the
+session cuts its buffer only at a segment end within them, so audio leaves the buffer only once every
+word heard in it is committed.
 """
 
 from __future__ import annotations
@@ -14,53 +22,105 @@ from whisperkv.stream.events import Word
 
 #: a hypothesis word that starts this much before the last committed end still counts as new (timing jitter)
 TIME_TOLERANCE = 0.1
-#: longest committed tail that a new hypothesis may repeat at its start
+#: longest committed tail compared with a hypothesis at the seam
 MAX_SEAM_NGRAM = 5
+#: a word repeating the committed end is its re-hearing only if it ends within this of it (seconds)
+SEAM_WINDOW = 1.0
+#: how many words either side of the count by time a re-hearing of the committed end is looked for
+SEARCH = 2
+
+
+def word_key(text: str) -> str:
+    """A word as compared: normalised (Whisper's English normaliser), letters and digits only, so that
+    "so..." and "so" agree whatever the normaliser leaves of the punctuation."""
+    normal = normalize_text(text)
+    return "".join(c for c in normal if c.isalnum()) or normal
 
 
 def same_word(a: Word, b: Word) -> bool:
-    return normalize_text(a.text) == normalize_text(b.text)
+    return word_key(a.text) == word_key(b.text)
 
 
 class LocalAgreement:
     def __init__(self) -> None:
         self.committed: list[Word] = []
         self.previous: list[Word] = []  # the last hypothesis minus what was committed
+        self.settled = 0  # leading words of the last hypothesis that are committed
+        self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
 
     @property
     def last_end(self) -> float:
         return self.committed[-1].end if self.committed else 0.0
 
+    def already_committed(self, hypothesis: list[Word]) -> int:
+        """How many leading words of ``hypothesis`` are re-hearings of committed words.
+
+        By count first: the buffer holds ``first_in_buffer``..end of the committed words, and a
+        hypothesis usually hears them again one for one; it does if its word at that count repeats the
+        committed tail (two words where there are two). Else by time and text: near the count of words
+        starting before the committed end, the word that repeats the committed tail (two words if it
+        can, then the nearest) — the alignment heads move a word by a tenth of a second or more between
+        decodes ("what" starting 0.12 s before the committed "not" ended was once skipped, and lost), so
+        time alone is the last resort. Never more than the committed words in the buffer, plus one.
+        """
+        if not self.committed:
+            return 0
+        carried = len(self.committed) - self.first_in_buffer
+        if 0 < carried <= len(hypothesis) and self._tail_match(hypothesis, carried - 1) >= min(2, carried):
+            return carried
+        last = self.last_end
+        by_time = 0
+        while by_time < len(hypothesis) and hypothesis[by_time].start <= last - TIME_TOLERANCE:
+            by_time += 1
+        best: tuple[tuple[int, int], int] | None = None
+        for j in range(max(0, by_time - 1 - SEARCH), min(len(hypothesis), by_time + SEARCH, carried + 1)):
+            n = self._tail_match(hypothesis, j) if abs(hypothesis[j].end - last) <= SEAM_WINDOW else 0
+            key = (min(n, 2), -abs(j - (by_time - 1)))
+            if n and (best is None or key > best[0]):
+                best = (key, j)
+        return best[1] + 1 if best is not None else min(by_time, carried + 1)
+
+    def _tail_match(self, hypothesis: list[Word], j: int) -> int:
+        """How many committed words, from the last back, ``hypothesis[: j + 1]`` ends with."""
+        n = 0
+        while n <= j and n < min(len(self.committed), MAX_SEAM_NGRAM):
+            if not same_word(hypothesis[j - n], self.committed[-1 - n]):
+                break
+            n += 1
+        return n
+
     def unseen(self, hypothesis: list[Word]) -> list[Word]:
         """The part of ``hypothesis`` that is not already committed."""
-        last = self.last_end
-        new = (
-            [w for w in hypothesis if w.start > last - TIME_TOLERANCE] if self.committed else list(hypothesis)
-        )
-        if new and self.committed and abs(new[0].start - last) < 1.0:
-            for n in range(min(MAX_SEAM_NGRAM, len(new), len(self.committed)), 0, -1):
-                tail = self.committed[-n:]
-                if all(same_word(a, b) for a, b in zip(tail, new[:n])):
-                    return new[n:]
-        return new
+        return list(hypothesis[self.already_committed(hypothesis) :])
 
     def update(self, hypothesis: list[Word]) -> list[Word]:
         """Take a new hypothesis; return the words it commits (the agreed prefix with the previous one)."""
-        new = self.unseen(hypothesis)
+        skip = self.already_committed(hypothesis)
+        new = hypothesis[skip:]
         agreed = 0
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
-        commit = new[:agreed]
-        self.committed.extend(commit)
-        self.previous = new[agreed:]
+        commit = self._extend(new[:agreed])
+        self.previous = list(new[agreed:])
+        self.settled = skip + agreed
         return commit
 
     def flush(self, hypothesis: list[Word] | None = None) -> list[Word]:
         """Commit everything not yet committed: of ``hypothesis`` when given, else of the last one."""
         rest = self.unseen(hypothesis) if hypothesis is not None else self.previous
-        self.committed.extend(rest)
         self.previous = []
-        return rest
+        self.settled = 0
+        return self._extend(rest)
+
+    def _extend(self, words: list[Word]) -> list[Word]:
+        """Append ``words``, each starting no earlier than the committed end (times only move forward)."""
+        out = []
+        for w in words:
+            start = max(w.start, self.last_end)
+            word = w if start == w.start else Word(w.text, start, max(w.end, start))
+            self.committed.append(word)
+            out.append(word)
+        return out
 
     def committed_text(self) -> str:
         return "".join(w.text for w in self.committed).strip()

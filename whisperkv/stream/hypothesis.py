@@ -4,6 +4,11 @@ Built from a window's tokens the way ``transcribe`` cuts them (segments at times
 that the text after the last complete segment is kept as a final open segment ending at the buffer's
 end: in a stream that tail is the newest speech, and the next update decodes it again anyway.
 Words come from the alignment heads (``whisperkv.timing``), times relative to the buffer's start.
+
+A segment's end is a timestamp token, a word's end comes from the alignment heads: the two disagree by
+tenths of a second (a segment "for you" ending at 7.30 s whose "you" ends at 7.60 s). So a hypothesis
+also says how many words each complete segment closes (``boundaries``): a buffer is cut between words,
+never inside one.
 """
 
 from __future__ import annotations
@@ -23,6 +28,25 @@ SECONDS_PER_TIMESTAMP = 0.02
 class Hypothesis:
     words: list[Word] = field(default_factory=list)  # seconds from the buffer's start
     segment_ends: list[float] = field(default_factory=list)  # ends of the complete segments
+    #: words before each complete segment's end (one per ``segment_ends``); empty: judged by word times
+    boundaries: list[int] = field(default_factory=list)
+
+    def word_boundaries(self) -> list[tuple[int, float]]:
+        """(words before the cut, the cut's time) for each complete segment end: after the segment's last
+        word and the segment's end, but never after the next word's start (the audio of a word not yet
+        committed must stay whole in the buffer; a sliver of a committed one may stay too)."""
+        counts = self.boundaries or [
+            sum(1 for w in self.words if (w.start + w.end) / 2 < end) for end in self.segment_ends
+        ]
+        cuts = []
+        for count, end in zip(counts, self.segment_ends):
+            if count <= 0:
+                continue
+            cut = max(end, self.words[count - 1].end)
+            if count < len(self.words):
+                cut = min(cut, self.words[count].start)
+            cuts.append((count, cut))
+        return cuts
 
     @property
     def text(self) -> str:
@@ -33,6 +57,7 @@ class Hypothesis:
         return Hypothesis(
             [Word(w.text, w.start + offset, w.end + offset) for w in self.words],
             [e + offset for e in self.segment_ends],
+            list(self.boundaries),
         )
 
 
@@ -70,4 +95,8 @@ def hypothesis_from_segments(segments: list[dict], closed: int) -> Hypothesis:
     words = [
         Word(w["word"], float(w["start"]), float(w["end"])) for s in segments for w in s.get("words", [])
     ]
-    return Hypothesis(words, [float(s["end"]) for s in segments[:closed]])
+    counts, total = [], 0
+    for s in segments[:closed]:
+        total += len(s.get("words", []))
+        counts.append(total)
+    return Hypothesis(words, [float(s["end"]) for s in segments[:closed]], counts)

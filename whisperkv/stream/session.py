@@ -3,9 +3,17 @@
 The policy, in whisper_streaming's terms: the buffer holds the audio of the current utterance from the
 last committed segment end; each update decodes the whole buffer with the committed text before it as
 the prompt; LocalAgreement-2 commits what two consecutive hypotheses agree on; the buffer is trimmed at a
-committed segment end once it is longer than ``trim_after`` seconds. With a VAD, silence between
-utterances never enters a buffer and the end of speech closes the utterance: its last hypothesis is
-committed whole. End of input does the same. Committed text is never retracted.
+committed segment end once it is longer than ``trim_after`` seconds.
+
+What keeps a slow stream from dropping words (it lags instead): audio leaves the buffer only at a cut
+between two words of the current hypothesis, every word before which is committed; the cut is between
+the words, not at the segment's timestamp (which may fall inside the segment's last word, or before the
+next word's start); and the prompt is exactly the committed words before the cut (counted, not judged by
+times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a
+prompt ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update.
+
+With a VAD, silence between utterances never enters a buffer and the end of speech closes the utterance:
+its last hypothesis is committed whole. End of input does the same. Committed text is never retracted.
 
 Decoding is behind ``UpdateDecoder`` — in this process (``LocalDecoder``) or through the server's
 scheduler — so the policy does not know where the model runs.
@@ -17,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from whisperkv.stream.agreement import LocalAgreement
+from whisperkv.stream.agreement import LocalAgreement, same_word
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import Hypothesis
 from whisperkv.stream.vad import SpeechDetector
@@ -77,6 +85,7 @@ class StreamingSession:
                 if boundary.kind == "start":
                     self.in_speech = True
                     self.buffer_start = max(boundary.sample, self.audio_start)
+                    self.agreement.first_in_buffer = len(self.agreement.committed)
                     events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
                 else:
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
@@ -109,6 +118,15 @@ class StreamingSession:
             self.received - self.buffer_start >= self.min_audio // 5 or bool(self.utterance)
         )
 
+    def warm(self) -> None:
+        """Before audio arrives: run what the first update needs once (decoder, VAD, word comparison), so
+        the first commit's latency is like the later ones'. A decoder or VAD without ``warm`` is left so."""
+        for part in (self.decoder, self.vad):
+            warm = getattr(part, "warm", None)
+            if warm is not None:
+                warm()
+        same_word(Word(" warm", 0.0, 0.1), Word(" warm", 0.0, 0.1))  # loads the text normaliser
+
     def commit(self) -> list[Event]:
         """Close the current utterance now, as a client's commit asks: what was heard is committed."""
         events = self._close(self.received) if self.in_speech else []
@@ -119,6 +137,7 @@ class StreamingSession:
     def clear(self) -> None:
         """Drop the audio not yet committed (committed text stays, it is never retracted)."""
         self.buffer_start = self.received
+        self.agreement.first_in_buffer = len(self.agreement.committed)
         self.agreement.previous = []
         self.decoded = None
         self.utterance = []
@@ -143,8 +162,16 @@ class StreamingSession:
 
     def _prompt(self) -> str:
         """Committed text whose audio is no longer in the buffer (what is in it, the buffer says itself)."""
-        start = self.buffer_start / SAMPLE_RATE
-        return join_words([w for w in self.agreement.committed if w.end <= start])[-PROMPT_CHARS:]
+        return join_words(self.agreement.committed[: self.agreement.first_in_buffer])[-PROMPT_CHARS:]
+
+    def _cut(self, sample: int, carried: int = 0) -> None:
+        """Start the buffer at ``sample``; the last ``carried`` committed words are still heard in it."""
+        if sample <= self.buffer_start:
+            return
+        self.buffer_start = sample
+        committed, first = len(self.agreement.committed), self.agreement.first_in_buffer
+        self.agreement.first_in_buffer = min(committed, max(first, committed - max(carried, 0)))
+        self.decoded = None
 
     def _commit(self, words: list[Word]) -> list[Event]:
         if not words:
@@ -168,6 +195,7 @@ class StreamingSession:
         events[-1].words = self.utterance
         self.utterance = []
         self.buffer_start = max(end, self.buffer_start)
+        self.agreement.first_in_buffer = len(self.agreement.committed)
         self.decoded = None
         self.in_speech = self.vad is None
         return events
@@ -179,27 +207,33 @@ class StreamingSession:
         while end - self.buffer_start > WINDOW * SAMPLE_RATE:
             window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
             hypothesis = self._decode(end)  # the first 30 s of the buffer
-            closed = [e for e in hypothesis.segment_ends if e > self.buffer_start / SAMPLE_RATE]
-            cut = max(closed) if closed else window_end
-            events += self._commit(self.agreement.flush([w for w in hypothesis.words if w.end <= cut]))
-            self.buffer_start = max(int(cut * SAMPLE_RATE), self.buffer_start + SAMPLE_RATE)
-            self.decoded = None
+            cuts = [c for c in hypothesis.word_boundaries() if c[1] > self.buffer_start / SAMPLE_RATE]
+            if cuts:
+                count, cut = cuts[-1]
+                words = hypothesis.words[:count]
+            else:
+                cut, words = window_end, [w for w in hypothesis.words if w.end <= window_end]
+            events += self._commit(self.agreement.flush(words))
+            self._cut(max(int(cut * SAMPLE_RATE), self.buffer_start + SAMPLE_RATE))
         return events
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
         """Cut the buffer at the last committed segment end once it is long; never past 30 s."""
         events: list[Event] = []
         length = (self.received - self.buffer_start) / SAMPLE_RATE
-        start, last = self.buffer_start / SAMPLE_RATE, self.agreement.last_end
+        start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
         if length > self.trim_after:
-            ends = [e for e in hypothesis.segment_ends if start < e <= last]
-            if ends:
-                self.buffer_start = int(max(ends) * SAMPLE_RATE)
+            cuts = [c for c in hypothesis.word_boundaries() if c[0] <= settled and c[1] > start]
+            if cuts:
+                count, cut = cuts[-1]
+                self._cut(int(cut * SAMPLE_RATE), carried=settled - count)
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
-            if last <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long: take the hypothesis
+            if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
                 events += self._commit(self.agreement.flush())
-                last = self.agreement.last_end
-            self.buffer_start = max(self.buffer_start, int(last * SAMPLE_RATE))
+            if self.agreement.committed and self.agreement.last_end > self.buffer_start / SAMPLE_RATE:
+                self._cut(int(self.agreement.last_end * SAMPLE_RATE))
+            elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
+                self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
 
     def _forget_old_audio(self) -> None:
