@@ -30,7 +30,8 @@ from tests.conftest import SPEECH_DIR, running_in_ci
 RELEASE = "20250625"
 SDIST = f"openai_whisper-{RELEASE}.tar.gz"
 SDIST_SHA256 = "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"
-CACHE_DIR = Path(os.environ.get("WHISPERKV_REFERENCE_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = Path(os.environ.get("WHISPERKV_REFERENCE_CACHE", REPO_ROOT / ".cache"))
 
 #: every reference test file and how many of its tests run on the CPU (with tiny.en and base installed)
 EXPECTED = {
@@ -119,7 +120,10 @@ def suite_run(tmp_path_factory) -> dict:
     report = folder / "report.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not requires_cuda"]
     command += [f"--junitxml={report}", str(folder)]
-    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=1800)
+    # whisperkv from this checkout, whether or not it is installed (the child runs in the temporary folder)
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=1800)
     outcomes: dict[str, dict[str, str]] = {name: {} for name in files}
     for case in ET.parse(report).getroot().iter("testcase"):
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
