@@ -155,3 +155,12 @@ def test_decode_of_a_batch_gives_one_result_per_window_as_the_reference(tiny_mod
     theirs = whisper.decode(reference_model, mels, whisper.DecodingOptions(language="en", fp16=False))
     assert [r.text for r in ours] == [r.text for r in theirs] and len(ours) == 2
     assert ours[0].tokens == tiny_model.decode(jfk_mel, language="en", fp16=False).tokens
+
+
+def test_load_model_takes_the_references_keywords(tmp_path):
+    """``load_model(name, device=None, download_root=..., in_memory=True)`` as code for openai-whisper
+    calls it: on a machine without CUDA that is the CPU, and nothing is written to the download root."""
+    model = whisperkv.load_model("tiny.en", device=None, download_root=str(tmp_path), in_memory=True)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert model.device.type == expected and list(tmp_path.iterdir()) == []
+    assert model.dims.n_vocab == 51864 and not model.is_multilingual and model.num_languages == 99

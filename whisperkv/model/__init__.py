@@ -55,13 +55,14 @@ def model_from_checkpoint(
 
 def load_model(
     name_or_path: str = "tiny.en",
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = "cpu",
     dtype: torch.dtype | str | None = None,
     download_root: str | None = None,
     compute_type: str = "default",
     vocab_layout: str = DEFAULT_LAYOUT,
     vocab_screen: bool = False,
     speculative: bool = False,
+    in_memory: bool = False,
 ) -> Whisper:
     """Load a model by name ("tiny.en", "base") or path, like ``whisper.load_model``.
 
@@ -83,9 +84,12 @@ def load_model(
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``model/quantize.py``);
-    "float32"/"float16"/"bfloat16" set the dtype. ``download_root`` is accepted for compatibility and
-    ignored: whisperkv never downloads.
+    "float32"/"float16"/"bfloat16" set the dtype. ``download_root`` and ``in_memory`` are accepted for
+    compatibility and ignored: whisperkv never downloads, and always reads the weights into memory.
+    ``device=None`` picks CUDA where there is one, as openai-whisper's ``load_model`` does.
     """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if compute_type in ("float32", "float16", "bfloat16"):
         dtype = compute_type
     elif compute_type not in ("default", "int8"):
