@@ -36,7 +36,8 @@ def pcm_bytes(samples: np.ndarray) -> bytes:
 
 def run_cli(argv: list[str], monkeypatch, capsys, stdin: bytes | None = None) -> tuple[int, list[str], str]:
     if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BufferedReader(io.BytesIO(stdin))))
+        pipe = types.SimpleNamespace(buffer=io.BufferedReader(io.BytesIO(stdin)), isatty=lambda: False)
+        monkeypatch.setattr(sys, "stdin", pipe)
     code = main(argv)
     out, err = capsys.readouterr()
     return code, out.splitlines(), err
@@ -119,3 +120,15 @@ def test_unreadable_file_is_one_error_line(tmp_path, monkeypatch, capsys):
     code, lines, err = run_cli(["stream", str(bad)], monkeypatch, capsys)
     assert code == 2 and lines == []
     assert err.startswith("whisperkv: error:") and str(bad) in err and err.count("\n") == 1
+
+
+def test_warm_runs_the_whole_path_once_and_forgets_it(tiny_model, jfk):
+    cold = LocalDecoder(tiny_model).decode(jfk[: 3 * 16000], 0, "")
+    decoder = LocalDecoder(tiny_model)
+    decoder.warm()
+    summary = decoder.reuse_summary()
+    assert (decoder.updates, decoder.encodes, decoder.previous, decoder.prompt_state) == (0, 0, None, None)
+    assert summary["attempted"] == {"encoder_output": 0, "cross_kv": 0, "prompt_self_kv": 0}
+    assert decoder.store.refusals == [] and decoder.store.hits == []
+    warm = decoder.decode(jfk[: 3 * 16000], 0, "")
+    assert warm.words == cold.words and decoder.encodes == 1  # warming changes no word and no time

@@ -21,6 +21,9 @@ class SimulatedClock:
         self.now = 0.0
         self.compute = 0.0  # measured compute, whatever the cost model
 
+    def start(self) -> None:
+        """Stream time 0 is now (a simulated clock starts at 0 anyway)."""
+
     def wait_until(self, t: float) -> None:
         self.now = max(self.now, t)
 
@@ -41,6 +44,10 @@ class RealtimeClock:
     @property
     def now(self) -> float:
         return time.perf_counter() - self.origin
+
+    def start(self) -> None:
+        """Stream time 0 is now: what ran before (loading, warming) is not counted as stream time."""
+        self.origin = time.perf_counter()
 
     def wait_until(self, t: float) -> None:
         delay = t - self.now

@@ -1,8 +1,10 @@
 """Drive a session from a source of samples on a clock: wait for a chunk, feed it, update, repeat.
 
-The next update starts once ``chunk`` seconds of new audio have arrived — at once if the last update
-took longer than that, with everything that arrived meanwhile. Each event is stamped with the stream
-time at which it was emitted (after the computation that produced it).
+The session is warmed first and the clock started after it: everything the first update needs is loaded
+before the first sample arrives. The next update starts once ``chunk`` seconds of new audio have
+arrived — at once if the last update took longer than that, with everything that arrived meanwhile
+(nothing is skipped: a slow stream lags). Each event is stamped with the stream time at which it was
+emitted (after the computation that produced it).
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ def run_stream(
     session: StreamingSession,
     clock: SimulatedClock | RealtimeClock,
     chunk: float = 1.0,
+    warm: bool = True,
 ) -> Iterator[Event]:
     if chunk <= 0:
         raise ValueError(f"--chunk must be above 0 s, got {chunk}")
+    if warm:
+        session.warm()
+    clock.start()
     fed = 0
     while True:
         clock.wait_until(fed / SAMPLE_RATE + chunk)

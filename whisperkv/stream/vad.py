@@ -84,6 +84,11 @@ class SpeechDetector:
                 found.append(SpeechBoundary("end", int(result["end"])))
         return found
 
+    def warm(self) -> None:
+        """Judge a second of silence and forget it: the model's first frames cost more than later ones."""
+        self.process(np.zeros(SAMPLE_RATE, dtype=np.float32))
+        self.reset()
+
     def reset(self) -> None:
         self.iterator.reset_states()
         self.pending = np.zeros(0, dtype=np.float32)
