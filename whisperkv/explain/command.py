@@ -35,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
     if args.window < 0:
         print(f"whisperkv: error: --window must be at least 0, got {args.window}", file=sys.stderr)
         return 2
+    from whisperkv.cli_options import unreadable_input
+
+    why = unreadable_input(args.audio)  # before the model loads: said at once
+    if why is not None:
+        print(f"whisperkv: error: {args.audio}: {why}", file=sys.stderr)
+        return 2
     model = load_model(args.model)
     trace = trace_window(model, args.audio, args.window, args.language, args.beam_size)
     if args.json:
