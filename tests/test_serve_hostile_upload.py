@@ -204,8 +204,8 @@ def test_an_upload_over_a_minute_is_streamed_and_equals_transcribe(server, tiny_
 
 
 def test_decoding_stops_as_soon_as_the_limit_passes(bomb):
-    from whisperkv.audio import AudioTooLongError, decode_untrusted
-    from whisperkv.audio_formats import sniff_audio_format
+    from whisperkv.audio import decode_untrusted
+    from whisperkv.audio_formats import AudioTooLongError, sniff_audio_format
 
     limit = 120 * 16000
     produced = 0
@@ -226,6 +226,52 @@ def test_a_silence_bomb_is_413_naming_max_audio_s(server, bomb, solo):
         assert f"{AUDIO_LIMIT_S:g} s" in refused.json()["error"]["message"]
         assert took < 60, took  # only the first 10 minutes were decoded
         _assert_good_answer(http, solo)
+
+
+class _Upload:
+    """What ``open_upload`` reads of a form's file part."""
+
+    def __init__(self, name: str, data: bytes) -> None:
+        self.filename = name
+        self.file = io.BytesIO(data)
+
+
+def test_one_huge_packet_or_frame_is_refused_before_it_is_decoded():
+    """A container may hold all its audio in one packet (ratio 1:1, but decoded and resampled at once it
+    would multiply): packets over 8 MB and frames over 30 s, which no real encoder makes, are refused."""
+    from whisperkv.serve.errors import APIError
+    from whisperkv.serve.upload import open_upload
+
+    big = encode(np.zeros(4_500_000, np.int16), "matroska", "pcm_s16le")  # one 9 MB packet
+    long_frame = np.zeros(1_000_000, np.int16)  # 1 MB of 8-bit samples at 8 kHz: one 125 s frame
+    cases = [(big, "a packet of 8.6 MB"), (_eight_bit(long_frame), "a frame of 125.0 s")]
+    for data, says in cases:
+        with pytest.raises(APIError) as refused:
+            open_upload(_Upload("x.mkv", data), 64 * 2**20, 10800, 80)
+        assert refused.value.status == 400 and says in refused.value.message, refused.value.message
+
+
+def _eight_bit(samples: np.ndarray) -> bytes:
+    out_file = io.BytesIO()
+    with av.open(out_file, "w", format="matroska") as out:
+        stream = out.add_stream("pcm_u8", rate=8000)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(
+            (samples // 256 + 128).astype(np.uint8).reshape(1, -1), "u8", "mono"
+        )
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return out_file.getvalue()
+
+
+def test_the_clients_file_name_is_never_used(server, solo):
+    """Audio called a playlist, with a path in its name, is audio: the bytes decide, never the name."""
+    with httpx.Client(base_url=server, timeout=120) as http:
+        for name in ("../../../etc/x.m3u8", "list.ffconcat", "noextension", "x" * 300 + ".flac"):
+            answer = _post(http, name, JFK.read_bytes())
+            assert answer.status_code == 200, (name, answer.text)
+            assert answer.json()["text"] == solo["text"]
 
 
 def _raw_post(url: str, path: Path) -> socket.socket:
@@ -310,4 +356,25 @@ def test_a_real_server_refuses_a_bomb_in_bounded_memory(tmp_path, bomb, solo):
             TRANSCRIPTIONS, files={"file": ("jfk.flac", JFK.read_bytes())}, data={"model": "whisper-1"}
         )
         assert again.status_code == 200 and again.json()["text"] == solo["text"]
+    assert "Traceback" not in output[0], output[0]
+
+
+@pytest.mark.slow
+def test_at_the_default_limit_a_four_hour_bomb_is_413_in_bounded_memory(tmp_path, solo):
+    """The default ``--max_audio_s`` (3 hours): 4 hours of silence in 59 KB is refused after a
+    decode-only pass; the server's peak RSS stays within the same bound of its idle RSS."""
+    bomb = silence_flac(4 * 3600)
+    with _server(tmp_path, "--idle_trim", "0") as (proc, http, output):
+        warm = http.post(
+            TRANSCRIPTIONS, files={"file": ("jfk.flac", JFK.read_bytes())}, data={"model": "whisper-1"}
+        )
+        assert warm.status_code == 200 and warm.json()["text"] == solo["text"]
+        idle = _rss_mb(proc.pid, "VmRSS")
+        refused = http.post(
+            TRANSCRIPTIONS, files={"file": ("silence.flac", bomb)}, data={"model": "whisper-1"}
+        )
+        _assert_error(refused, 413, code="audio_too_long", says="limit of 10800 s (--max_audio_s)")
+        peak = _rss_mb(proc.pid, "VmHWM")
+        print(f"idle RSS {idle:.0f} MB, peak after the 4 h bomb {peak:.0f} MB")
+        assert peak - idle < RSS_BOUND_MB, (idle, peak)
     assert "Traceback" not in output[0], output[0]

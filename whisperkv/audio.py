@@ -21,7 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from whisperkv.audio_formats import ALLOWED_DEMUXERS, SniffedFormat
+from whisperkv.audio_formats import (
+    ALLOWED_DEMUXERS,
+    DecodeBounds,
+    NestedOpenGuard,
+    NestedOpenRefused,
+    SniffedFormat,
+)
 from whisperkv.errors import AudioError
 from whisperkv.mp3_length import declared_mp3_samples
 
@@ -86,22 +92,6 @@ def decode_audio(path: str | os.PathLike, sr: int = SAMPLE_RATE) -> Iterator[np.
     return _decode(source, lambda: av.open(os.fspath(file)), lambda: open(file, "rb"), sr, None)
 
 
-class AudioTooLongError(AudioError):
-    """The audio goes on past the longest a caller accepts (found while decoding, which then stops)."""
-
-    def __init__(self, source: str, limit_s: float) -> None:
-        self.limit_s = limit_s
-        super().__init__(source, f"longer than {limit_s:g} s")
-
-
-class NestedOpenRefused(PermissionError):
-    """A demuxer asked to open another file or URL named inside an untrusted input."""
-
-
-def _refuse_nested_open(url: str, flags: int, options: dict) -> None:
-    raise NestedOpenRefused(f"refused to open {url[:200]!r}, which the upload names")
-
-
 def decode_untrusted(
     reopen: Callable[[], BinaryIO],
     name: str,
@@ -111,24 +101,30 @@ def decode_untrusted(
 ) -> Iterator[np.ndarray]:
     """:func:`decode_audio` for bytes a client sent: ``reopen()`` gives them from the start (a fresh
     reader each time), read only by ``sniffed``'s demuxer (see :mod:`whisperkv.audio_formats`), with
-    no protocol and no nested open allowed. Past ``max_samples`` samples at ``sr`` it raises
-    :class:`AudioTooLongError` and decodes no further, so a tiny file of compressed silence costs no
-    more than the limit."""
+    no protocol and no nested open allowed, and no packet or frame larger than real encoders make.
+    Past ``max_samples`` samples at ``sr`` it raises :class:`~whisperkv.audio_formats.AudioTooLongError`
+    and decodes no further, so a tiny file of compressed silence costs no more than the limit."""
 
     def open_container() -> av.container.InputContainer:
-        container = av.open(
-            reopen(),
-            format=sniffed.demuxer,
-            container_options={"protocol_whitelist": "none", **sniffed.options},
-            io_open=_refuse_nested_open,
-        )
+        guard = NestedOpenGuard()
+        try:
+            container = av.open(
+                reopen(),
+                format=sniffed.demuxer,
+                container_options={"protocol_whitelist": "none", **sniffed.options},
+                io_open=guard,
+            )
+        except (av.FFmpegError, OSError, EOFError):
+            guard.refuse_if_asked()  # the reason it failed, if it tried to open something
+            raise
         used = container.format.name
-        if used != sniffed.demuxer or used not in ALLOWED_DEMUXERS:
+        if guard.asked or used != sniffed.demuxer or used not in ALLOWED_DEMUXERS:
             container.close()
+            guard.refuse_if_asked()
             raise NestedOpenRefused(f"opened as {used!r}, which is not an allowed audio demuxer")
         return container
 
-    return _decode(name, open_container, reopen, sr, max_samples)
+    return _decode(name, open_container, reopen, sr, DecodeBounds(max_samples, sr))
 
 
 def _decode(
@@ -136,7 +132,7 @@ def _decode(
     open_container: Callable[[], av.container.InputContainer],
     reopen: Callable[[], BinaryIO],
     sr: int,
-    max_samples: int | None,
+    bounds: DecodeBounds | None,
 ) -> Iterator[np.ndarray]:
     try:
         container = open_container()
@@ -160,7 +156,11 @@ def _decode(
         try:
             for packet in container.demux(stream):
                 demuxer_flagged_short_read |= packet.is_corrupt
+                if bounds is not None:
+                    bounds.check_packet(source, packet)
                 for frame in packet.decode():
+                    if bounds is not None:
+                        bounds.check_frame(source, frame)
                     if frame.format.name in _FLOAT_FORMATS:
                         # FFmpeg's conversion to int16 turns NaN and infinity into full-scale samples
                         # without a word; refuse them before it sees them.
@@ -168,12 +168,14 @@ def _decode(
                     decoded_samples += frame.samples
                     for out in resampler.resample(frame):
                         produced += out.samples
-                        _refuse_past(source, produced, max_samples, sr)
+                        if bounds is not None:
+                            bounds.check_length(source, produced)
                         yield _samples(out)
             # The resampler holds back a few samples for its filter; ask for them explicitly.
             for out in resampler.resample(None):
                 produced += out.samples
-                _refuse_past(source, produced, max_samples, sr)
+                if bounds is not None:
+                    bounds.check_length(source, produced)
                 yield _samples(out)
         except NestedOpenRefused as e:
             raise AudioError(source, str(e)) from e
@@ -208,11 +210,6 @@ def _decode(
         # shorter audio.
     if produced == 0:
         raise AudioError(source, "no audio samples")
-
-
-def _refuse_past(source: str, produced: int, max_samples: int | None, sr: int) -> None:
-    if max_samples is not None and produced > max_samples:
-        raise AudioTooLongError(source, max_samples / sr)
 
 
 def _refuse_non_finite(source: str, frame: av.AudioFrame, first_sample: int) -> None:

@@ -1,17 +1,25 @@
-"""Which audio formats an untrusted upload may be opened as, told from its first bytes, never its name.
+"""Untrusted audio: which formats an upload may be opened as (told from its first bytes, never its name),
+and how far its decode may go.
 
 FFmpeg left to itself probes a file's bytes and name and picks any demuxer it has, and some of those
 open other files or URLs named inside the input: HLS and other playlists, ``concat``/``ffconcat``
 lists, image sequences, DASH manifests. Given a client's bytes, that would make the server read its own
 disk. So a server upload is only ever opened with a demuxer this module chose from the content's magic
 bytes, out of an allow-list of plain audio containers that read nothing but their own bytes; anything
-else is refused, with what it looked like. The CLI does not use this: it opens what its user names.
+else is refused, with what it looked like. Its decode is bounded too (:class:`DecodeBounds`): no
+nested open, no packet or frame larger than real encoders make, no audio past the caller's limit.
+The CLI does not use this: it opens what its user names.
 """
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import BinaryIO
+
+import av
+
+from whisperkv.errors import AudioError
 
 #: the demuxers an upload may be read by: plain audio containers that read nothing but their own bytes
 #: (PyAV reports a demuxer by its first name: "matroska" for "matroska,webm", "mov" for "mov,mp4,m4a,...")
@@ -128,3 +136,67 @@ def _describe(head: bytes) -> str:
     if all(32 <= b < 127 or b in b"\t\r\n" for b in head):
         return "text, not audio"
     return f"no known audio signature (starts {head[:8].hex(' ')})"
+
+
+# --- How far a decode of untrusted bytes may go ---------------------------------------------------------
+
+#: the largest packet and the longest frame (at its own rate) untrusted bytes may have: far above any
+#: real encoder's (FLAC's largest frame is 65535 samples; PCM is muxed in blocks of milliseconds), and
+#: what keeps one decode's memory bounded when a container puts all its audio in one packet
+MAX_PACKET_BYTES = 8 * 2**20
+MAX_FRAME_S = 30.0
+
+
+class AudioTooLongError(AudioError):
+    """The audio goes on past the longest a caller accepts (found while decoding, which then stops)."""
+
+    def __init__(self, source: str, limit_s: float) -> None:
+        self.limit_s = limit_s
+        super().__init__(source, f"longer than {limit_s:g} s")
+
+
+class NestedOpenRefused(PermissionError):
+    """A demuxer asked to open another file or URL named inside an untrusted input."""
+
+
+class NestedOpenGuard:
+    """PyAV's ``io_open`` hook for untrusted input: every file or URL the input names is answered with no
+    bytes at all (raising in the hook would print PyAV's traceback), and remembered, so the open can
+    then be refused by name (:meth:`refuse_if_asked`)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, url: str, flags: int, options: dict) -> io.BytesIO:
+        self.asked.append(url)
+        return io.BytesIO(b"")
+
+    def refuse_if_asked(self) -> None:
+        if self.asked:
+            raise NestedOpenRefused(f"refused to open {self.asked[0][:200]!r}, which the upload names")
+
+
+@dataclass(frozen=True)
+class DecodeBounds:
+    """What one decode of untrusted bytes may reach: ``max_samples`` at ``sr``, one packet, one frame."""
+
+    max_samples: int | None
+    sr: int
+
+    def check_packet(self, source: str, packet: av.Packet) -> None:
+        if packet.size > MAX_PACKET_BYTES:
+            raise AudioError(
+                source,
+                f"a packet of {packet.size / 2**20:.1f} MB (at most {MAX_PACKET_BYTES // 2**20} MB accepted)",
+            )
+
+    def check_frame(self, source: str, frame: av.AudioFrame) -> None:
+        if frame.samples > MAX_FRAME_S * frame.sample_rate:
+            raise AudioError(
+                source,
+                f"a frame of {frame.samples / frame.sample_rate:.1f} s (at most {MAX_FRAME_S:g} s accepted)",
+            )
+
+    def check_length(self, source: str, produced: int) -> None:
+        if self.max_samples is not None and produced > self.max_samples:
+            raise AudioTooLongError(source, self.max_samples / self.sr)

@@ -27,8 +27,8 @@ import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from whisperkv.audio import SAMPLE_RATE, AudioTooLongError, decode_untrusted, int16_to_float
-from whisperkv.audio_formats import UnsupportedUpload, sniff_audio_format
+from whisperkv.audio import SAMPLE_RATE, decode_untrusted, int16_to_float
+from whisperkv.audio_formats import AudioTooLongError, UnsupportedUpload, sniff_audio_format
 from whisperkv.audio_source import IN_MEMORY_SECONDS, AudioSource, FileSource
 from whisperkv.errors import AudioError
 from whisperkv.serve.errors import APIError, error_body
@@ -90,8 +90,8 @@ async def _send_json(send: Send, status: int, body: dict) -> None:
 
 def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int) -> np.ndarray | AudioSource:
     """The upload as audio: its 16 kHz mono waveform when it lasts up to ``IN_MEMORY_SECONDS``, else a
-    source that reads it window by window, its whole length decoded once (blocking: run it in a worker
-    thread).
+    source that reads it window by window, its length and log-Mel peak already found (blocking: run it
+    in a worker thread).
 
     Raises APIError 413 when the file is over ``limit`` bytes or its audio over ``max_audio_s`` seconds,
     and 400 when it is empty, not one of the accepted audio formats, or not decodable.
@@ -115,11 +115,13 @@ def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int)
         return decode_untrusted(copy.reader, name, sniffed, max_samples=max_samples)
 
     try:
-        waveform = _decode_if_short(decode(), int(IN_MEMORY_SECONDS * SAMPLE_RATE))
+        # a first pass decodes it all without a log-Mel: the limit is checked at decoding speed (a bomb
+        # of silence is refused in a second or two), and a short upload's waveform is kept
+        waveform = _first_pass(decode(), int(IN_MEMORY_SECONDS * SAMPLE_RATE))
         if waveform is not None:
             return waveform
         source = FileSource.over(name, decode, n_mels)
-        source.n_samples  # noqa: B018 - decodes it all once: the length, the log-Mel peak, the limit
+        source.n_samples  # noqa: B018 - its own pass, once: the length and the log-Mel peak
         return source
     except AudioTooLongError:
         raise APIError(
@@ -132,19 +134,18 @@ def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int)
         raise APIError(400, f"{name}: {err.reason}", param="file", code="invalid_audio") from None
 
 
-def _decode_if_short(blocks: Iterator[np.ndarray], most: int) -> np.ndarray | None:
-    """The whole waveform if the blocks end within ``most`` samples, else None (the rest not decoded)."""
-    kept: list[np.ndarray] = []
+def _first_pass(blocks: Iterator[np.ndarray], most: int) -> np.ndarray | None:
+    """Decode every block (the decoder refusing too long audio as it goes); the whole waveform if it
+    ends within ``most`` samples, else None (and only ``most`` samples were ever kept)."""
+    kept: list[np.ndarray] | None = []
     total = 0
-    try:
-        for block in blocks:
-            total += len(block)
-            if total > most:
-                return None
+    for block in blocks:
+        total += len(block)
+        if kept is not None and total > most:
+            kept = None
+        if kept is not None:
             kept.append(block)
-    finally:
-        blocks.close()  # type: ignore[attr-defined] - a generator: closes its container
-    return int16_to_float(np.concatenate(kept))
+    return None if kept is None else int16_to_float(np.concatenate(kept))
 
 
 class UploadCopy:
