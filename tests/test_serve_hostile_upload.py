@@ -225,6 +225,7 @@ def test_a_silence_bomb_is_413_naming_max_audio_s(server, bomb, solo):
         _assert_error(refused, 413, param="file", code="audio_too_long", says="--max_audio_s")
         assert f"{AUDIO_LIMIT_S:g} s" in refused.json()["error"]["message"]
         assert took < 60, took  # only the first 10 minutes were decoded
+        print(f"413 answered in {took:.3f} s")
         _assert_good_answer(http, solo)
 
 
@@ -316,6 +317,7 @@ def test_a_full_queue_is_429_before_the_upload_is_decoded(tiny_model, bomb, solo
                 assert int(refused.headers["Retry-After"]) >= 1
                 assert decoded == [LONG.name]  # the refused upload was never decoded
                 assert took < 5, took
+                print(f"429 answered in {took:.3f} s")
         finally:
             busy.close()  # the client hangs up: its job is cancelled
         with httpx.Client(base_url=url, timeout=120) as http:
