@@ -266,7 +266,12 @@ def _convert_parser(sub) -> None:
     p = add_parser(sub, "convert", "write a model in another format (OpenAI .pt or transformers safetensors)")
     p.add_argument("source", help="model name or path")
     p.add_argument("destination", help="output .pt file or transformers directory")
-    p.add_argument("--format", required=True, choices=["pt", "safetensors"], help="format to write")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=["pt", "safetensors", "transformers"],
+        help="format to write (transformers = safetensors: a complete transformers directory)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float16", "float32"], help="element type to write")
     add_debug_arg(p)
 

@@ -57,6 +57,11 @@ def _umask_files(directory: Path) -> None:
 def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = "float32") -> Path:
     """Write ``source`` to ``destination`` in ``fmt`` ("pt" or "safetensors"); returns the output path.
 
+    "safetensors" (or its alias "transformers") writes a complete transformers directory: the weights,
+    config.json, a tokenizer.json with every id of the vocabulary, and the tokenizer, feature extractor
+    and generation configs, so ``transformers.pipeline("automatic-speech-recognition", model=DIR)`` and
+    ``optimum-cli export openvino --model DIR`` read it offline.
+
     The output appears only once completely written (temporary file or directory, then rename), with
     the permissions the umask gives any other new file.
     """
@@ -74,7 +79,7 @@ def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = 
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    elif fmt == "safetensors":
+    elif fmt in ("safetensors", "transformers"):
         if destination.exists() and any(destination.iterdir()):
             raise ValueError(f"{destination}: destination directory exists and is not empty")
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -91,5 +96,5 @@ def convert(source: str | Path, destination: str | Path, fmt: str, dtype: str = 
                     f.unlink()
                 tmp_dir.rmdir()
     else:
-        raise ValueError(f"unknown format {fmt!r}; expected 'pt' or 'safetensors'")
+        raise ValueError(f"unknown format {fmt!r}; expected 'pt' or 'safetensors' (alias 'transformers')")
     return destination

@@ -1,4 +1,5 @@
-"""Hugging Face transformers Whisper directories: ``config.json`` + ``model.safetensors``.
+"""Hugging Face transformers Whisper directories: ``config.json`` + ``model.safetensors`` (and, written,
+the tokenizer and the other configs transformers needs: ``weights/transformers_files.py``).
 
 transformers names the same tensors differently (``model.encoder.layers.0.self_attn.q_proj``); this
 module owns the two-way name map, so the model class only ever sees OpenAI names.
@@ -7,7 +8,6 @@ module owns the two-way name map, so the model class only ever sees OpenAI names
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from whisperkv.errors import ModelLoadError
 from whisperkv.model.dims import ModelDims
 from whisperkv.weights.checkpoint import Checkpoint, directory_checkpoint
+from whisperkv.weights.transformers_files import write_transformers_files
 
 _ATTN = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
 
@@ -131,5 +132,7 @@ def save_huggingface(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtyp
     if checkpoint.alignment_heads:
         cfg["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    if checkpoint.tokenizer_path:
-        shutil.copyfile(checkpoint.tokenizer_path, path / "tokenizer.json")
+    if (
+        checkpoint.tokenizer_path
+    ):  # the tokenizer, feature extractor and generation configs transformers reads
+        write_transformers_files(Path(checkpoint.tokenizer_path), path, dims, checkpoint.alignment_heads)
