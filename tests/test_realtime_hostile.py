@@ -281,6 +281,15 @@ def test_a_message_over_the_size_cap_is_an_error_event(url):
     assert after["type"] == "input_audio_buffer.cleared"
 
 
+def test_one_event_carries_at_most_15_s_whatever_the_buffer_cap():
+    def append(seconds: float) -> int:
+        return len(json.dumps({"type": "input_audio_buffer.append", "audio": pcm(seconds, 24000)}))
+
+    for buffer_s in (60.0, 3600.0):  # the default, and a generous operator's
+        assert append(15) <= max_message_chars(buffer_s) < append(17)
+    assert append(BUFFER_S) <= max_message_chars(BUFFER_S) < append(BUFFER_S + 2)  # a smaller buffer: lower
+
+
 def test_sessions_past_the_cap_and_bad_keys_are_refused_before_the_handshake(url, app):
     sessions = app.state.realtime_sessions
     assert refused(url, {})[0] == 401

@@ -99,8 +99,8 @@ def add_serve_parser(sub: Any) -> None:
         "--realtime_buffer_s",
         type=_positive_float,
         default=60.0,
-        help="seconds of uncommitted audio a Realtime session may hold; also caps one event's size "
-        "(default: 60)",
+        help="seconds of uncommitted audio a Realtime session may hold (default: 60); one append event "
+        "carries at most 15 s",
     )
     p.add_argument(
         "--idle_trim",

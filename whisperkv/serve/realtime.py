@@ -13,7 +13,7 @@ A client is hostile until proved otherwise. Before the handshake it is admitted 
 error (``realtime_admission``: the key, the server's state, the intent, the session cap). Each message is
 parsed and checked whole (``realtime_events``) before the session acts on it; an append that would take
 the uncommitted audio past ``realtime_buffer_s`` seconds is an error event, and so is a message longer
-than one such append. A client that disconnects cancels the decode in flight.
+than an append of ``MAX_APPEND_S`` seconds. A client that disconnects cancels the decode in flight.
 
 Each connection owns one ``StreamingSession``. Its decodes go to the server's ``Scheduler`` when the app
 has one (``app.state.scheduler``): each update is a job on the ≤ 30 s buffer with the committed text as
@@ -59,6 +59,9 @@ CHUNK_S = 1.0  # seconds of new audio between updates
 INBOX_EVENTS = 1
 #: room for the JSON around an append's base64 audio in the message cap (characters)
 MESSAGE_OVERHEAD_CHARS = 64 * 1024
+#: the most audio one append may carry (seconds; less when the buffer cap is lower): each message is
+#: held a few times over while it is parsed, decoded and resampled, by every session at once
+MAX_APPEND_S = 15.0
 
 
 class SchedulerDecoder:
@@ -337,9 +340,10 @@ class TranscriptionConnection:
 
 
 def max_message_chars(buffer_s: float) -> int:
-    """The longest event a session reads: one append of a whole buffer at 24 kHz, in base64, plus room
-    for the JSON around it."""
-    return 4 * math.ceil(buffer_s * 24000 * 2 / 3) + MESSAGE_OVERHEAD_CHARS
+    """The longest event a session reads: one append of ``MAX_APPEND_S`` (or the whole buffer, if less)
+    at 24 kHz, in base64, plus room for the JSON around it."""
+    seconds = min(buffer_s, MAX_APPEND_S)
+    return 4 * math.ceil(seconds * 24000 * 2 / 3) + MESSAGE_OVERHEAD_CHARS
 
 
 @router.websocket("/v1/realtime")
