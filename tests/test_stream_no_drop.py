@@ -135,10 +135,13 @@ class ScriptVAD:
         pass
 
 
-def stream_script(compute: float, chunk: float, vad: bool) -> tuple[list, list[str], TimelineDecoder]:
+def stream_script(
+    compute: float, chunk: float, vad: bool, trim_after: float = 6.0, max_buffer: float = 25.0
+) -> tuple[list, list[str], TimelineDecoder]:
     words = script()
     decoder = TimelineDecoder(words)
-    session = StreamingSession(decoder, vad=ScriptVAD(words) if vad else None)
+    vad_model = ScriptVAD(words) if vad else None
+    session = StreamingSession(decoder, vad=vad_model, trim_after=trim_after, max_buffer=max_buffer)
     duration = words[-1][2] + 0.8
     texts = []
     for _event in run_stream(Silence(duration), session, SimulatedClock(compute), chunk):
@@ -146,8 +149,8 @@ def stream_script(compute: float, chunk: float, vad: bool) -> tuple[list, list[s
     return session.agreement.committed, texts, decoder
 
 
-def check(compute: float, chunk: float, vad: bool) -> None:
-    committed, texts, decoder = stream_script(compute, chunk, vad)
+def check(compute: float, chunk: float, vad: bool, **buffer: float) -> None:
+    committed, texts, decoder = stream_script(compute, chunk, vad, **buffer)
     expected = [plain(t) for t, _, _ in script()]
     assert decoder.neither == []  # every word was in the prompt or whole in the buffer
     assert [w.text.strip() for w in committed] == expected  # nothing dropped, nothing invented
@@ -167,6 +170,10 @@ def test_every_word_committed_whatever_each_update_costs(compute, vad):
     compute=st.floats(0.0, 6.0, allow_nan=False),
     chunk=st.floats(0.2, 2.5, allow_nan=False),
     vad=st.booleans(),
+    trim_after=st.floats(1.0, 10.0, allow_nan=False),
+    max_buffer=st.floats(10.0, 25.0, allow_nan=False),
 )
-def test_no_word_dropped_at_any_compute_time_and_chunk(compute, chunk, vad):
-    check(compute, chunk, vad)
+def test_no_word_dropped_at_any_compute_time_chunk_and_buffer_size(
+    compute, chunk, vad, trim_after, max_buffer
+):
+    check(compute, chunk, vad, trim_after=trim_after, max_buffer=max_buffer)

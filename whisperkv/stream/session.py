@@ -230,8 +230,9 @@ class StreamingSession:
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
             if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
                 events += self._commit(self.agreement.flush())
-            if self.agreement.committed and self.agreement.last_end > self.buffer_start / SAMPLE_RATE:
-                self._cut(int(self.agreement.last_end * SAMPLE_RATE))
+            cut = min([self.agreement.last_end] + [w.start for w in self.agreement.previous[:1]])
+            if self.agreement.committed and cut > self.buffer_start / SAMPLE_RATE:
+                self._cut(int(cut * SAMPLE_RATE))  # at the committed end, never into a pending word
             elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
