@@ -216,7 +216,10 @@ class TranscriptionConnection:
         kind = event.type
         if kind == "session.update":
             assert event.session is not None
+            stream = self.stream
             await asyncio.to_thread(self.configure, event.session)  # a new stream's VAD loads a model
+            if self.stream is not stream:  # a new stream: warmed before its audio arrives (issue 42)
+                await asyncio.to_thread(self.stream.warm)
             await self.send("session.updated", session=self.description())
         elif kind == "input_audio_buffer.append":
             await self.append(event.audio)
@@ -361,6 +364,7 @@ async def realtime(websocket: WebSocket, intent: str | None = None) -> None:
         await websocket.accept()
         # made off the event loop: its voice detector loads a model
         connection = await asyncio.to_thread(TranscriptionConnection, websocket)
+        await asyncio.to_thread(connection.stream.warm)  # the first update as fast as the later ones
         await connection.run()
     except (WebSocketDisconnect, ClientDisconnected):
         return
