@@ -20,7 +20,6 @@ from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.random_weights import random_checkpoint, write_random_model
-from whisperkv.tokenizer import Tokenizer
 
 from .block_step_twins import cross_kv_of, decode_steps
 from .conftest import SPEECH_DIR, require_oracle
@@ -69,8 +68,13 @@ def wide_pt(tmp_path_factory):
     return write_random_model(WIDE_DIMS, tmp_path_factory.mktemp("wide"), seed=0)
 
 
-def test_the_hundred_language_tokenizer_is_the_references(wide_pt):
-    ours = Tokenizer.from_file(wide_pt.parent / "tokenizer.json", multilingual=True, num_languages=100)
+def test_the_hundred_language_tokenizer_is_the_references(wide_pt, tmp_path, monkeypatch):
+    monkeypatch.setenv("WHISPERKV_CACHE", str(tmp_path))
+    ours = whisperkv.tokenizer.get_tokenizer(True, num_languages=100)
+    cached = tmp_path / "tokenizer-100-languages.json"
+    assert ours.path == cached and cached.read_bytes() == (wide_pt.parent / "tokenizer.json").read_bytes()
+    cached.write_text("{}")  # an altered copy is rewritten, not trusted
+    assert whisperkv.tokenizer.get_tokenizer(True, num_languages=100).path.read_bytes() != b"{}"
     theirs = whisper.tokenizer.get_tokenizer(True, num_languages=100)
     assert len(ours.all_language_codes) == 100 and ours.all_language_codes[-1] == "yue"
     assert {code: ours.language_token(code) for code in ours.all_language_codes} == {

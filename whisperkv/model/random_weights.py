@@ -13,7 +13,6 @@ whisperkv load the same tensors) and, for a 100-language vocabulary, the ``token
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from whisperkv.model.whisper import Whisper
 from whisperkv.weights.checkpoint import Checkpoint
 from whisperkv.weights.openai_pt import save_openai_pt
 from whisperkv.weights.registry import default_tokenizer_path
+from whisperkv.weights.tokenizer_files import write_hundred_language_tokenizer
 
 #: standard deviation of the random linear and embedding weights: activations stay O(1) through 32 layers
 WEIGHT_STD = 0.02
@@ -91,31 +91,6 @@ def random_checkpoint(name_or_dims: str | ModelDims, seed: int = 0) -> Checkpoin
     )
 
 
-def hundred_language_tokenizer(base_tokenizer: Path, destination: Path) -> Path:
-    """large-v3's tokenizer.json from the 99-language one: ``<|yue|>`` after ``<|su|>``, later ids + 1.
-
-    The byte-pair vocabulary is the same; only the special tokens after the languages move up by one,
-    which is how the 100-language vocabulary (51,866 ids) differs from the 99-language one (51,865).
-    """
-    data = json.loads(base_tokenizer.read_text(encoding="utf-8"))
-    added = data["added_tokens"]
-    su = next(entry["id"] for entry in added if entry["content"] == "<|su|>")
-    moved = []
-    for entry in added:
-        if entry["id"] > su:
-            entry = {**entry, "id": entry["id"] + 1}
-        moved.append(entry)
-        if entry["content"] == "<|su|>":
-            moved.append({**entry, "id": su + 1, "content": "<|yue|>"})
-    data["added_tokens"] = moved
-    vocab = data["model"]["vocab"]
-    for entry in moved:
-        if entry["content"] in vocab or entry["id"] > su:
-            vocab[entry["content"]] = entry["id"]
-    destination.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    return destination
-
-
 def write_random_model(name_or_dims: str | ModelDims, directory: str | Path, seed: int = 0) -> Path:
     """``directory/model.pt`` with random weights (stored in float16, as released checkpoints are), and
     its tokenizer.json.
@@ -129,7 +104,7 @@ def write_random_model(name_or_dims: str | ModelDims, directory: str | Path, see
     dims = checkpoint.dims
     if dims.is_multilingual and dims.num_languages == 100:
         base = default_tokenizer_path(KNOWN_DIMS["base"])
-        hundred_language_tokenizer(base, directory / "tokenizer.json")
+        write_hundred_language_tokenizer(base, directory / "tokenizer.json")
     path = directory / "model.pt"
     save_openai_pt(checkpoint, path, dtype=torch.float16)
     return path

@@ -17,6 +17,7 @@ from whisperkv.weights.checkpoint import Checkpoint
 from whisperkv.weights.ctranslate2 import is_ctranslate2_dir, load_ctranslate2
 from whisperkv.weights.huggingface import is_huggingface_dir, load_huggingface
 from whisperkv.weights.openai_pt import load_openai_pt
+from whisperkv.weights.tokenizer_files import hundred_language_tokenizer
 
 DEFAULT_MODEL = "tiny.en"
 
@@ -100,9 +101,11 @@ def default_tokenizer_path(dims: ModelDims) -> Path:
         d = _tiny_en_dir()
         if d is not None:
             return d / "tokenizer.json"
-    elif dims.num_languages == 99:
+    else:
         parts = _base_parts()
-        if parts is not None:
+        if parts is not None and dims.num_languages == 99:
             return parts[0] / "tokenizer.json"
+        if parts is not None and dims.num_languages == 100:  # large-v3's, derived from base's
+            return hundred_language_tokenizer(parts[0] / "tokenizer.json")
     kind = "multilingual" if dims.is_multilingual else "English-only"
     raise ModelLoadError(f"no tokenizer.json for this {kind} model, and no packaged one to fall back on")
