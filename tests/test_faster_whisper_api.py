@@ -30,6 +30,8 @@ from .conftest import SPEECH_DIR, require_oracle, speech_manifest
 CLIPS = ["en/jfk.flac", "en/ls_1089-134686-0000.flac"]
 MORE_CLIPS = ["en/lj_LJ001-0001.flac", "en/pv_test_en.wav"]
 JFK = SPEECH_DIR / "en" / "jfk.flac"
+LONG = "librivox_sonnets_001-003_concat.flac"
+PREFIX = "From fairest creatures"
 RUNNER = Path(__file__).with_name("faster_whisper_run.py")
 #: word timestamps: both engines align with the same heads and DTW, but on their own cross-attention
 #: weights (CTranslate2 computes them in its own kernels). Measured max |Δ|: 0.0 s on these clips.
@@ -162,6 +164,37 @@ def test_hotwords_as_faster_whisper(model, faster_results):
     assert ours != plain  # the hotwords prompt changed what was decoded
 
 
+def test_initial_prompt_as_text_or_ids(model):
+    """faster-whisper takes the prompt as token ids too."""
+    prompt = "President Kennedy's inaugural address."
+    ids = model.model.tokenizer.encode(" " + prompt)
+    as_text = [s.tokens for s in model.transcribe(str(JFK), beam_size=1, initial_prompt=prompt)[0]]
+    as_ids = [s.tokens for s in model.transcribe(str(JFK), beam_size=1, initial_prompt=ids)[0]]
+    assert as_text == as_ids
+
+
+@pytest.mark.slow  # four windows of a long file
+def test_prefix_forces_the_first_window_only(model):
+    """faster-whisper's prefix forces the first window's start; later windows are decoded without it."""
+    path = str(SPEECH_DIR / "long" / LONG)
+    options = {"beam_size": 1, "condition_on_previous_text": False}  # so window 2 depends on its audio alone
+
+    def two_windows(segments) -> dict[int, list[list[int]]]:  # lazily: the first two windows only
+        windows: dict[int, list[list[int]]] = {}
+        for segment in segments:
+            if segment.seek not in windows and len(windows) == 2:
+                break
+            windows.setdefault(segment.seek, []).append(segment.tokens)
+        return windows
+
+    plain = two_windows(model.transcribe(path, **options)[0])
+    forced = two_windows(model.transcribe(path, prefix=PREFIX, **options)[0])
+    (first, second), (forced_first, forced_second) = sorted(plain), sorted(forced)
+    assert plain[first] != forced[forced_first]  # the prefix changed the first window
+    if forced_second == second:
+        assert forced[forced_second] == plain[second]  # and not the next one, which begins at the same frame
+
+
 @pytest.mark.slow
 def test_beam_search_wer_against_faster_whisper(model, faster_beam_results):
     jiwer = require_oracle("jiwer")
@@ -202,6 +235,8 @@ def test_batched_pipeline(model):
     assert "ask what you can do for your country" in "".join(s.text for s in segments).lower()
     with pytest.raises(ValueError, match="word_timestamps=True is not supported by whisperkv's batched"):
         BatchedInferencePipeline(model).transcribe(str(JFK), word_timestamps=True)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        BatchedInferencePipeline(model).transcribe(str(JFK), batch_size=0)
 
 
 def test_decode_audio_path_file_and_stereo(tmp_path):

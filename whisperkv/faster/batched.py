@@ -38,6 +38,30 @@ FIXED = {
 }
 
 
+def check_batched(values: dict[str, Any]) -> None:
+    """Refuse by name what whisperkv's batched mode would not do as asked."""
+    for name, (default, why) in FIXED.items():
+        if values[name] != default:
+            raise ValueError(f"{name}={values[name]!r} is not supported by whisperkv's batched mode ({why})")
+    check_unsupported(
+        values["repetition_penalty"],
+        values["no_repeat_ngram_size"],
+        values["prompt_reset_on_temperature"],
+        values["chunk_length"],
+        values["length_penalty"],
+    )
+    if temperatures(values["temperature"]) != list(TEMPERATURES):
+        raise ValueError("temperature: whisperkv's batched mode falls back through 0.0, 0.2, ... 1.0 only")
+    suppress = values["suppress_tokens"]
+    if suppress is None or [int(t) for t in suppress] != [-1] or not values["suppress_blank"]:
+        raise ValueError(
+            "suppress_tokens/suppress_blank: whisperkv's batched mode suppresses the default set"
+        )
+    batch_size = values["batch_size"]
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+
+
 class BatchedInferencePipeline:
     """``BatchedInferencePipeline(model).transcribe(audio, batch_size=8, ...)`` → (segments, info)."""
 
@@ -88,28 +112,7 @@ class BatchedInferencePipeline:
         """(segments, info); the chunks are decoded when the segments are first read."""
         values = dict(locals())
         del values["self"]
-        for name, (default, why) in FIXED.items():
-            if values[name] != default:
-                raise ValueError(
-                    f"{name}={values[name]!r} is not supported by whisperkv's batched mode ({why})"
-                )
-        check_unsupported(
-            repetition_penalty,
-            no_repeat_ngram_size,
-            prompt_reset_on_temperature,
-            chunk_length,
-            length_penalty,
-        )
-        if temperatures(temperature) != list(TEMPERATURES):
-            raise ValueError(
-                "temperature: whisperkv's batched mode falls back through 0.0, 0.2, ... 1.0 only"
-            )
-        if suppress_tokens is None or [int(t) for t in suppress_tokens] != [-1] or not suppress_blank:
-            raise ValueError(
-                "suppress_tokens/suppress_blank: whisperkv's batched mode suppresses the default set"
-            )
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        check_batched(values)
         options = build_options({**values, "clip_timestamps": "0", "condition_on_previous_text": False})
         samples = waveform(audio)
         whisper = self.model.model

@@ -4,6 +4,9 @@
   output (encoded once: the scheduler decodes from the same ``EncodedWindow``), and the window is decoded
   in it — for audio whose speakers switch languages.
 * ``prefix`` forces the start of the first window only (openai-whisper's loop forces it on every one).
+  It is decoded as openai-whisper decodes a prefix (part of the prompt: the first sampled token is a
+  timestamp, and the prefix is not in the window's text), not as CTranslate2 does (after ``<|0.00|>``,
+  returned as the first tokens of the text): whisperkv's decoder has one rule for where sampling begins.
 * ``initial_prompt`` may be token ids as well as text.
 Everything else is ``whisperkv.engine.job.Job``, unchanged.
 """
