@@ -207,14 +207,15 @@ class StreamingSession:
         while end - self.buffer_start > WINDOW * SAMPLE_RATE:
             window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
             hypothesis = self._decode(end)  # the first 30 s of the buffer
-            cuts = [c for c in hypothesis.word_boundaries() if c[1] > self.buffer_start / SAMPLE_RATE]
+            ahead = self.buffer_start / SAMPLE_RATE + 1.0  # each window moves on by a second at least
+            cuts = [c for c in hypothesis.word_boundaries() if c[1] >= ahead]
             if cuts:
                 count, cut = cuts[-1]
                 words = hypothesis.words[:count]
             else:
                 cut, words = window_end, [w for w in hypothesis.words if w.end <= window_end]
             events += self._commit(self.agreement.flush(words))
-            self._cut(max(int(cut * SAMPLE_RATE), self.buffer_start + SAMPLE_RATE))
+            self._cut(int(cut * SAMPLE_RATE))
         return events
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
