@@ -48,10 +48,8 @@ windows, 60 / 60 errors), greedy 3.95 / 3.92 (17 / 17, 62 / 62). base, medians o
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,6 +58,7 @@ import tqdm
 
 from whisperkv.audio import HOP_LENGTH, SAMPLE_RATE
 from whisperkv.audio_source import AudioSource, open_source
+from whisperkv.batched_order import ForwardSamples, Pending, SegmentPrinter, WindowQueue
 from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.chunking import (
     FRAME,
@@ -77,6 +76,7 @@ from whisperkv.decoding.decode import decode_windows
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 from whisperkv.engine.segments import cut_segments
+from whisperkv.tokenizer import LANGUAGES
 from whisperkv.transcribe import DEFAULT_TEMPERATURES, decode_with_fallback
 
 if TYPE_CHECKING:
@@ -177,114 +177,50 @@ def transcribe_batched(
     timestamps, each chunk decoded to its end (default), or one segment per chunk decoded once.
     ``hold_end``: no end of text while the detector hears speech after the decoded text (see above);
     False lets the decoder stop there and decodes the rest as a new window.
-    ``verbose=True`` on a terminal shows a progress bar in seconds of audio, like ``transcribe``.
+    ``verbose``, as ``transcribe``'s: True prints each segment once its chunk is decoded and, on a
+    terminal, a progress bar in seconds of audio; None or False prints nothing.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if vad not in VADS:
         raise ValueError(f"unknown vad {vad!r}: one of {', '.join(VADS)}")
     # read through a source: a file is read a window at a time (twice: the detector, then the chunks)
-    audio = open_source(audio, model.dims.n_mels)
-    speech = speech_frames(audio) if vad == "energy" else silero_frames(audio)
-    chunks = chunks_from_speech(speech, audio.n_samples)
+    source = open_source(audio, model.dims.n_mels)
+    speech = speech_frames(source) if vad == "energy" else silero_frames(source)
+    chunks = chunks_from_speech(speech, source.n_samples)
+    samples = ForwardSamples(source)  # the chunks' samples, read forward once
     if language is None and model.is_multilingual and chunks:
-        first = chunk_mel(audio, chunks[0], model.dims.n_mels)
+        first = chunk_mel(samples, chunks[0], model.dims.n_mels)
         language, _ = detect_language_from_features(model, model.embed_audio(first[None]))
+        if verbose is not None:
+            print(f"Detected language: {LANGUAGES[language].title()}")
     language = language or "en"
-    tokenizer = model.tokenizer.with_options(language=language)
-    # without timestamps the chunk boundaries are the only ones, and the decoder skips their rules
-    options = DecodingOptions(language=language, beam_size=beam_size, without_timestamps=not timestamps)
-    store = CacheStore(max_entries=1)
-    segments: list[dict] = []
-    fallbacks = 0
-    batches: list[int] = []
-    # (chunk, where its next window starts, windows it has had)
-    pending = deque((chunk, chunk.start, 0) for chunk in chunks)
+    run = _Run(
+        model,
+        model.tokenizer.with_options(language=language),
+        # without timestamps the chunk boundaries are the only ones, and the decoder skips their rules
+        DecodingOptions(language=language, beam_size=beam_size, without_timestamps=not timestamps),
+        speech,
+        (compression_ratio_threshold, logprob_threshold, no_speech_threshold),
+        timestamps,
+        hold_end,
+    )
+    queue = WindowQueue(chunks)
+    total = round(source.n_samples / SAMPLE_RATE, 2)
     show_progress = verbose is True and sys.stderr.isatty()
-    total = round(audio.n_samples / SAMPLE_RATE, 2)
     bar = tqdm.tqdm(total=total, unit="s", disable=not show_progress, leave=False)
-    while pending:
-        # equal batches (14 windows at batch_size 8: 7 + 7, not 8 + 6): a batch takes as many steps as
-        # its longest window, so a small last batch would pay nearly a full batch's steps for few windows
-        size = math.ceil(len(pending) / math.ceil(len(pending) / batch_size))
-        group = [pending.popleft() for _ in range(size)]
-        windows = [_window(chunk, seek) for chunk, seek, _ in group]
-        batches.append(len(group))
-        mels = torch.stack([chunk_mel(audio, w, model.dims.n_mels) for w in windows])
-        features = model.embed_audio(mels)
-        # one Cross-KV row per window; its provenance names the whole batch (every window's Mel, the span)
-        batch_provenance = model.encoder_provenance(mels, windows[0].start, windows[-1].end)
-        # where each window's rest stops being worth a window; end of text is held before it (``hold_end``)
-        bounds = [_end_bounds(speech, chunk, w) for (chunk, _, _), w in zip(group, windows)]
-        # the Cross-KV is passed, not kept: as windows finish, the cache replaces it with the rows left
-        results = decode_windows(
-            model,
-            tokenizer,
-            features,
-            options,
-            model.decoder.project_cross_kv(features, batch_provenance),
-            end_bounds=bounds if timestamps and hold_end else None,
-        )
-        for k, ((chunk, _, done), window, result) in enumerate(zip(group, windows, results)):
-            too_repetitive = (
-                compression_ratio_threshold is not None
-                and result.compression_ratio > compression_ratio_threshold
-            )
-            improbable = logprob_threshold is not None and result.avg_logprob < logprob_threshold
-            silent = no_speech_threshold is not None and result.no_speech_prob > no_speech_threshold
-            if (too_repetitive or improbable) and not (silent and improbable):
-                fallbacks += 1
-                # the window's own row of the batch's encoder output: not encoded a second time
-                provenance = model.encoder_provenance(mels[k : k + 1], window.start, window.end)
-                row = features[k : k + 1]
-                encoded = EncodedWindow(provenance, row, model.decoder.project_cross_kv(row, provenance))
-                result = decode_with_fallback(
-                    model,
-                    tokenizer,
-                    encoded,
-                    DEFAULT_TEMPERATURES,
-                    options,
-                    compression_ratio_threshold,
-                    logprob_threshold,
-                    no_speech_threshold,
-                    store,
-                )
-            next_seek = window.end
-            silent = no_speech_threshold is not None and result.no_speech_prob > no_speech_threshold
-            # a chunk's rest is mostly padding: there "no speech" alone is believed (measured: "Thank you."
-            # and "Thanks for watching!" at no-speech 0.80 and 0.83, every real rest at 0.47 or below)
-            unsure = logprob_threshold is None or result.avg_logprob < logprob_threshold or done > 0
-            split: tuple[int, int] | None = None  # (sample, sample): decode again from, split at
-            if not (silent and unsure):
-                pieces, next_seek = window_segments(tokenizer, result, window, timestamps)
-                if timestamps and done + 1 < MAX_WINDOWS:
-                    split = _skipping_segment(speech, pieces, window)
-                if split is not None:  # that segment and what follows: decoded again, split at the pause
-                    pieces = [p for p in pieces if round(p["start"] * SAMPLE_RATE) < split[0]]
-                for piece in pieces:
-                    segments.append(
-                        {
-                            **piece,
-                            "start": round(piece["start"], 2),
-                            "end": round(piece["end"], 2),
-                            "temperature": result.temperature,
-                            "avg_logprob": result.avg_logprob,
-                            "compression_ratio": result.compression_ratio,
-                            "no_speech_prob": result.no_speech_prob,
-                        }
-                    )
-            if split is not None:
-                next_seek, middle = split
-                pending.append((Chunk(next_seek, middle), next_seek, done + 1))
-                pending.append((Chunk(middle, chunk.end), middle, done + 1))
-            elif next_seek < window.start + bounds[k][0] * FRAME and done + 1 < MAX_WINDOWS:
-                pending.append((chunk, next_seek, done + 1))  # the rest, decoded again from the last stamp
-            else:
-                next_seek = chunk.end
-            bar.update(round((next_seek - window.start) / SAMPLE_RATE, 2))
+    printer = SegmentPrinter(verbose is True, bar, len(chunks))
+    while len(queue):
+        group = queue.take_batch(batch_size)
+        for pending, pieces, advanced in run.decode_batch(samples, group, queue):
+            printer.add(pending.origin, pieces)
+            queue.done(pending)
+            bar.update(advanced)
+        samples.keep_only(queue.ranges(30 * SAMPLE_RATE))  # the rests queued; later chunks are unread
+        printer.show_final(queue)
     bar.update(max(0.0, total - bar.n))  # the silence between chunks
     bar.close()
-    segments.sort(key=lambda s: (s["start"], s["end"]))
+    segments = sorted(run.segments, key=lambda s: (s["start"], s["end"]))
     segments = [{"id": i, **s} for i, s in enumerate(segments)]
     return {
         "text": "".join(s["text"] for s in segments),
@@ -292,10 +228,127 @@ def transcribe_batched(
         "language": language,
         "batched": {
             "chunks": len(chunks),
-            "windows": sum(batches),
+            "windows": sum(run.batches),
             "batch_size": batch_size,
-            "batches": batches,
-            "fallbacks": fallbacks,
+            "batches": run.batches,
+            "fallbacks": run.fallbacks,
             "vad": vad,
         },
     }
+
+
+class _Run:
+    """One recording's batched decode: each batch of windows decoded together, each window's result
+    read into segments and follow-up windows (its rest, or a segment that skipped words split in two)."""
+
+    def __init__(
+        self,
+        model: Whisper,
+        tokenizer: Tokenizer,
+        options: DecodingOptions,
+        speech: np.ndarray,
+        thresholds: tuple[float | None, float | None, float | None],
+        timestamps: bool,
+        hold_end: bool,
+    ) -> None:
+        self.model, self.tokenizer, self.options, self.speech = model, tokenizer, options, speech
+        self.compression_ratio_threshold, self.logprob_threshold, self.no_speech_threshold = thresholds
+        self.timestamps, self.hold_end = timestamps, hold_end
+        self.store = CacheStore(max_entries=1)
+        self.segments: list[dict] = []
+        self.fallbacks = 0
+        self.batches: list[int] = []
+
+    def decode_batch(self, samples: ForwardSamples, group: list[Pending], queue: WindowQueue):
+        """Decode ``group`` as one batch; yield (window, its segments, seconds of audio it settled)."""
+        model = self.model
+        windows = [_window(p.chunk, p.seek) for p in group]
+        self.batches.append(len(group))
+        mels = torch.stack([chunk_mel(samples, w, model.dims.n_mels) for w in windows])
+        features = model.embed_audio(mels)
+        # one Cross-KV row per window; its provenance names the whole batch (every window's Mel, the span)
+        batch_provenance = model.encoder_provenance(mels, windows[0].start, windows[-1].end)
+        # where each window's rest stops being worth a window; end of text is held before it (``hold_end``)
+        bounds = [_end_bounds(self.speech, p.chunk, w) for p, w in zip(group, windows)]
+        # the Cross-KV is passed, not kept: as windows finish, the cache replaces it with the rows left
+        results = decode_windows(
+            model,
+            self.tokenizer,
+            features,
+            self.options,
+            model.decoder.project_cross_kv(features, batch_provenance),
+            end_bounds=bounds if self.timestamps and self.hold_end else None,
+        )
+        for k, (pending, window, result) in enumerate(zip(group, windows, results)):
+            if self._needs_fallback(result):
+                result = self._fall_back(mels[k : k + 1], features[k : k + 1], window)
+            pieces, next_seek = self._take(pending, window, result, bounds[k][0], queue)
+            yield pending, pieces, round((next_seek - window.start) / SAMPLE_RATE, 2)
+
+    def _needs_fallback(self, result: DecodingResult) -> bool:
+        too_repetitive = (
+            self.compression_ratio_threshold is not None
+            and result.compression_ratio > self.compression_ratio_threshold
+        )
+        improbable = self.logprob_threshold is not None and result.avg_logprob < self.logprob_threshold
+        silent = self.no_speech_threshold is not None and result.no_speech_prob > self.no_speech_threshold
+        return (too_repetitive or improbable) and not (silent and improbable)
+
+    def _fall_back(self, mel: torch.Tensor, row: torch.Tensor, window: Chunk) -> DecodingResult:
+        """Redo a window alone with temperature fallback, from its own row of the batch's encoder output
+        (not encoded a second time)."""
+        self.fallbacks += 1
+        provenance = self.model.encoder_provenance(mel, window.start, window.end)
+        encoded = EncodedWindow(provenance, row, self.model.decoder.project_cross_kv(row, provenance))
+        return decode_with_fallback(
+            self.model,
+            self.tokenizer,
+            encoded,
+            DEFAULT_TEMPERATURES,
+            self.options,
+            self.compression_ratio_threshold,
+            self.logprob_threshold,
+            self.no_speech_threshold,
+            self.store,
+        )
+
+    def _take(
+        self, pending: Pending, window: Chunk, result: DecodingResult, floor: int, queue: WindowQueue
+    ) -> tuple[list[dict], int]:
+        """The window's segments (kept), its follow-up windows (queued), and where it settled to."""
+        chunk, done = pending.chunk, pending.done
+        next_seek = window.end
+        silent = self.no_speech_threshold is not None and result.no_speech_prob > self.no_speech_threshold
+        # a chunk's rest is mostly padding: there "no speech" alone is believed (measured: "Thank you."
+        # and "Thanks for watching!" at no-speech 0.80 and 0.83, every real rest at 0.47 or below)
+        unsure = self.logprob_threshold is None or result.avg_logprob < self.logprob_threshold or done > 0
+        split: tuple[int, int] | None = None  # (sample, sample): decode again from, split at
+        kept: list[dict] = []
+        if not (silent and unsure):
+            pieces, next_seek = window_segments(self.tokenizer, result, window, self.timestamps)
+            if self.timestamps and done + 1 < MAX_WINDOWS:
+                split = _skipping_segment(self.speech, pieces, window)
+            if split is not None:  # that segment and what follows: decoded again, split at the pause
+                pieces = [p for p in pieces if round(p["start"] * SAMPLE_RATE) < split[0]]
+            for piece in pieces:
+                kept.append(
+                    {
+                        **piece,
+                        "start": round(piece["start"], 2),
+                        "end": round(piece["end"], 2),
+                        "temperature": result.temperature,
+                        "avg_logprob": result.avg_logprob,
+                        "compression_ratio": result.compression_ratio,
+                        "no_speech_prob": result.no_speech_prob,
+                    }
+                )
+        self.segments.extend(kept)
+        if split is not None:
+            next_seek, middle = split
+            queue.push(Chunk(next_seek, middle), next_seek, done + 1, pending.origin)
+            queue.push(Chunk(middle, chunk.end), middle, done + 1, pending.origin)
+        elif next_seek < window.start + floor * FRAME and done + 1 < MAX_WINDOWS:
+            queue.push(chunk, next_seek, done + 1, pending.origin)  # the rest, decoded again from the stamp
+        else:
+            next_seek = chunk.end
+        return kept, next_seek
