@@ -144,3 +144,19 @@ def test_a_stream_that_fell_behind_loses_no_audio_when_the_utterance_closes():
     assert all(c[1] <= 30 * SR for c in decoder.calls)
     commits = [e for e in events if e.type == "commit"]
     assert len(commits) >= 3 and all(b.start >= a.end for a, b in zip(commits, commits[1:]))
+
+
+def test_agreement_commits_no_loop_heard_over_committed_audio():
+    la = LocalAgreement()
+    said = words("word word word word", step=0.3)  # said four times, committed
+    la.update(said)
+    la.update(said + words("here", start=1.2))
+    assert la.committed_text() == "word word word word"
+    # the model loops: eight "word"s squeezed into the same 1.2 s, then the next word
+    looped = [Word(" word", 0.15 * i, 0.15 * i + 0.14) for i in range(8)] + words("here", start=1.2)
+    assert [w.text for w in la.update(looped)] == [" here"]
+    assert [w.text for w in la.update(looped)] == []
+    assert la.committed_text() == "word word word word here"
+    # and a word said again right after the committed ones is new
+    assert [w.text for w in la.update(looped + words("word again", start=1.7))] == []
+    assert [w.text for w in la.update(looped + words("word again now", start=1.7))] == [" word", " again"]

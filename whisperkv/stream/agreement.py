@@ -7,8 +7,8 @@ time and text); then the longest common prefix of the previous and the new remai
 word on normalised text, is committed. Committed words are never retracted: the list only grows, and
 its times never go back (a word's start is clamped to the end of the word before it).
 
-No more words are stripped than are committed and still heard in the buffer (``first_in_buffer``, kept
-by the session), plus one: "word word word" said three times is three words, not a re-hearing.
+The committed words still heard in the buffer (``first_in_buffer``, kept by the session) are what a
+hypothesis is aligned with: "word word word" said three times is three words, not a re-hearing.
 
 ``settled`` says how many leading words of the last hypothesis are committed after the update: the
 session cuts its buffer only at a segment end within them, so audio leaves the buffer only once every
@@ -26,6 +26,8 @@ TIME_TOLERANCE = 0.1
 MAX_SEAM_NGRAM = 5
 #: a word repeating the committed end is its re-hearing only if it ends within this of it (seconds)
 SEAM_WINDOW = 1.0
+#: a word left as new may start this much before the committed end (the heads' jitter), not more
+COUNT_SLACK = 0.4
 #: how many words either side of the count by time a re-hearing of the committed end is looked for
 SEARCH = 2
 
@@ -61,24 +63,33 @@ class LocalAgreement:
         starting before the committed end, the word that repeats the committed tail (two words if it
         can, then the nearest) — the alignment heads move a word by a tenth of a second or more between
         decodes ("what" starting 0.12 s before the committed "not" ended was once skipped, and lost), so
-        time alone is the last resort. Never more than the committed words in the buffer, plus one.
+        time alone is the last resort. A count that leaves a "new" word starting well inside the
+        committed audio is refused (a model looping "Word. Word. ..." over committed speech repeats the
+        committed tail anywhere: counting alone would commit every loop).
         """
         if not self.committed:
             return 0
         carried = len(self.committed) - self.first_in_buffer
-        if 0 < carried <= len(hypothesis) and self._tail_match(hypothesis, carried - 1) >= min(2, carried):
-            return carried
         last = self.last_end
+
+        def plausible(k: int) -> bool:  # the first word left as new does not start inside committed audio
+            return k >= len(hypothesis) or hypothesis[k].start > last - COUNT_SLACK
+
+        if 0 < carried <= len(hypothesis) and self._tail_match(hypothesis, carried - 1) >= min(2, carried):
+            if plausible(carried):
+                return carried
         by_time = 0
         while by_time < len(hypothesis) and hypothesis[by_time].start <= last - TIME_TOLERANCE:
             by_time += 1
         best: tuple[tuple[int, int], int] | None = None
         for j in range(max(0, by_time - 1 - SEARCH), min(len(hypothesis), by_time + SEARCH, carried + 1)):
-            n = self._tail_match(hypothesis, j) if abs(hypothesis[j].end - last) <= SEAM_WINDOW else 0
+            if abs(hypothesis[j].end - last) > SEAM_WINDOW or not plausible(j + 1):
+                continue
+            n = self._tail_match(hypothesis, j)
             key = (min(n, 2), -abs(j - (by_time - 1)))
             if n and (best is None or key > best[0]):
                 best = (key, j)
-        return best[1] + 1 if best is not None else min(by_time, carried + 1)
+        return best[1] + 1 if best is not None else by_time
 
     def _tail_match(self, hypothesis: list[Word], j: int) -> int:
         """How many committed words, from the last back, ``hypothesis[: j + 1]`` ends with."""
