@@ -160,3 +160,29 @@ def test_agreement_commits_no_loop_heard_over_committed_audio():
     # and a word said again right after the committed ones is new
     assert [w.text for w in la.update(looped + words("word again", start=1.7))] == []
     assert [w.text for w in la.update(looped + words("word again now", start=1.7))] == [" word", " again"]
+
+
+class LoopingDecoder(ScriptedDecoder):
+    """A scripted decoder whose decodes from the ``loop_from``-th on fail Whisper's repetition check."""
+
+    def __init__(self, script: list[str], loop_from: int) -> None:
+        super().__init__(script)
+        self.loop_from = loop_from
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        hypothesis = super().decode(audio, start_sample, prompt)
+        hypothesis.repetitive = len(self.calls) >= self.loop_from
+        return hypothesis
+
+
+def test_a_looping_decode_is_neither_agreed_with_nor_committed_at_the_close():
+    decoder = LoopingDecoder(["a b", "a b c", "a b c word word word word word word word"], loop_from=3)
+    session = StreamingSession(decoder, trim_after=100)
+    session.feed(np.zeros(2 * SR, dtype=np.float32))
+    session.update()
+    session.feed(np.zeros(SR, dtype=np.float32))
+    assert [e.text for e in session.update() if e.type == "commit"] == ["a b"]
+    session.feed(np.zeros(SR, dtype=np.float32))
+    assert session.update() == []  # the loop: nothing agreed, the last hypothesis kept
+    session.finish()  # decoded as a loop again: what the last good update heard is committed
+    assert session.committed_text() == "a b c"

@@ -30,6 +30,8 @@ class Hypothesis:
     segment_ends: list[float] = field(default_factory=list)  # ends of the complete segments
     #: words before each complete segment's end (one per ``segment_ends``); empty: judged by word times
     boundaries: list[int] = field(default_factory=list)
+    #: the decode failed Whisper's repetition check at every temperature (a loop: "Word. Word. ...")
+    repetitive: bool = False
 
     def word_boundaries(self) -> list[tuple[int, float]]:
         """(words before the cut, the cut's time) for each complete segment end: after the segment's last
@@ -58,6 +60,7 @@ class Hypothesis:
             [Word(w.text, w.start + offset, w.end + offset) for w in self.words],
             [e + offset for e in self.segment_ends],
             list(self.boundaries),
+            self.repetitive,
         )
 
 

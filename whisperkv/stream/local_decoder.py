@@ -121,6 +121,7 @@ class LocalDecoder:
                 store=self.store,
             )
             hypothesis = hypothesis_from_segments(segments, closed)
+            hypothesis.repetitive = result.compression_ratio > 2.4
         if self.record is not None:
             self.record.append(
                 {

@@ -100,6 +100,8 @@ class StreamingSession:
         if self.decoded == (self.buffer_start, self.received):
             return []  # nothing new to hear
         hypothesis = self._decode(self.received)
+        if hypothesis.repetitive:  # a loop is no evidence: neither agreed with nor kept as the last one
+            return []
         events = self._commit(self.agreement.update(hypothesis.words))
         if self.agreement.previous:
             events.append(Event.of_words("partial", self.agreement.previous, self.now))
@@ -184,9 +186,10 @@ class StreamingSession:
         events = self._catch_up(end)
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
-        if end - self.buffer_start >= self.min_audio // 5:
-            events += self._commit(self.agreement.flush(self._decode(end).words))
-        else:
+        last = self._decode(end) if end - self.buffer_start >= self.min_audio // 5 else None
+        if last is not None and not last.repetitive:
+            events += self._commit(self.agreement.flush(last.words))
+        else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
         text = join_words(self.utterance)
         events.append(
