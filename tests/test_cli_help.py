@@ -173,3 +173,17 @@ def test_missing_inputs_are_reported_before_the_model_loads(no_model, capsys, tm
     assert code == 2 and "no_folder: no such file, folder or manifest" in err
     code, err = _main(capsys, "stream", missing)
     assert code == 2 and f"{missing}: file not found" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``whisperkv models | head -c 1``: the closed pipe is no error line and no traceback (exit 141)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "whisperkv", "models"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # nobody reads: the first write finds the pipe closed
+        stderr = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert code == 141, stderr
+    assert stderr == ""

@@ -350,6 +350,15 @@ def _unknown_command(word: str) -> str | None:
     return None
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit raises no second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (a test's capture): nothing to flush
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
@@ -379,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             name = err.option if err.option == "audio" else f"--{err.option}"
             _error(f"argument {name}: {err.reason} (see 'whisperkv {args.command} --help')")
             return 2
+        except BrokenPipeError:  # the reader went away (``... --json | head``): not an error of ours
+            _silence_stdout()
+            return 141  # 128 + SIGPIPE, what a command killed by the closed pipe reports
         except (WhisperKVError, ValueError, OSError) as err:
             _error(str(err))
             return 2
