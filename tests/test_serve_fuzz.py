@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from tests.conftest import require_oracle
 
 schemathesis = require_oracle("schemathesis")
+#: schemathesis draws floats through hypothesis, which refuses to where denormals are flushed (conftest)
+pytestmark = pytest.mark.fresh_floats
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "fuzz-key"
