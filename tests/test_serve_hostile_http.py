@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -130,21 +131,32 @@ def _read_all(sock: socket.socket, limit_s: float) -> bytes:
     return data
 
 
+def _trickle(sock: socket.socket, every_s: float, stop: Callable[[], bool]) -> None:
+    """Send one body byte every ``every_s`` seconds from a thread, until ``stop()`` or the socket fails."""
+
+    def send() -> None:
+        while not stop():
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return
+            time.sleep(every_s)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def _stop_after(count: int) -> Callable[[], bool]:
+    """A ``stop`` that lets ``count`` bytes through."""
+    sent = iter(range(count))
+    return lambda: next(sent, None) is None
+
+
 def test_a_trickling_body_is_a_408_by_the_deadline_and_the_connection_closes(base):
     with _raw(base) as sock:
         sock.sendall(_upload_head(10_000) + f"--{BOUNDARY}\r\n".encode())
         started = time.monotonic()
         answer = b""
-
-        def trickle() -> None:  # one byte every 0.2 s, for longer than the deadline
-            for _ in range(40):
-                try:
-                    sock.sendall(b"x")
-                except OSError:
-                    return
-                time.sleep(0.2)
-
-        threading.Thread(target=trickle, daemon=True).start()
+        _trickle(sock, every_s=0.2, stop=_stop_after(40))  # for longer than the deadline
         answer = _read_all(sock, 8)
         elapsed = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
@@ -298,15 +310,7 @@ def test_sigterm_with_a_trickling_upload_answers_it_503_and_exits_at_once(tmp_pa
             started = time.monotonic()
             stop = threading.Event()
 
-            def trickle() -> None:
-                while not stop.is_set():
-                    try:
-                        sock.sendall(b"x")
-                    except OSError:
-                        return
-                    time.sleep(0.5)
-
-            threading.Thread(target=trickle, daemon=True).start()
+            _trickle(sock, every_s=0.5, stop=stop.is_set)
             answer = _read_all(sock, 20)
             stop.set()
         assert server.wait(timeout=30) == 0
