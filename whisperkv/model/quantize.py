@@ -83,10 +83,24 @@ class Int8Linear(nn.Module):
     def nbytes(self) -> int:
         return self.in_features * self.out_features  # one byte per weight (scales and bias aside)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    #: ``linear_rows`` passes how a step's rows group into caches (``model/row_gemm.py``)
+    groups_rows = True
+
+    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         if self.kernel is not None:
             return self.kernel(x, self._packed, self._scales, self._row_sums, self._bias, self.out_features)
-        return self._op(x, self._packed, self.reduce_range)
+        return self._fbgemm(x, sizes)
+
+    def _fbgemm(self, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+        """fbgemm quantises all the rows of a call with one scale, so one call per group whose numbers
+        must not depend on the others: each cache's rows of a decoder step (``sizes``), else each
+        window of a batch (``x`` [B, T, d]). One call for all made a window encoded in a batch differ
+        from it encoded alone by up to 8.2 in its features (AVX2 CPU, tiny.en, round 48)."""
+        if sizes is None:
+            sizes = [1] * x.shape[0] if x.dim() == 3 else [x.shape[0]]
+        if len(sizes) == 1:
+            return self._op(x, self._packed, self.reduce_range)
+        return torch.cat([self._op(part, self._packed, self.reduce_range) for part in x.split(sizes)])
 
     def extra_repr(self) -> str:
         how = "rows kernel" if self.kernel is not None else "fbgemm"
