@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from whisperkv.weights.huggingface import save_huggingface
+from whisperkv.weights.huggingface_save import save_huggingface
 from whisperkv.weights.openai_pt import save_openai_pt
 from whisperkv.weights.registry import default_tokenizer_path, load_checkpoint
 

@@ -1,8 +1,10 @@
-"""Hugging Face transformers Whisper directories: ``config.json`` + ``model.safetensors`` (and, written,
-the tokenizer and the other configs transformers needs: ``weights/transformers_files.py``).
+"""Hugging Face transformers Whisper directories: ``config.json`` + ``model.safetensors``, read.
 
 transformers names the same tensors differently (``model.encoder.layers.0.self_attn.q_proj``); this
-module owns the two-way name map, so the model class only ever sees OpenAI names.
+module owns the two-way name map, so the model class only ever sees OpenAI names. Writing such a
+directory (the weights, the tokenizer and the other configs transformers needs) is
+``weights/huggingface_save.py``: reading needs no tokenizer, and the registry that imports this reader is
+itself imported by the tokenizer (for the packaged tokenizer.json files).
 """
 
 from __future__ import annotations
@@ -11,12 +13,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from whisperkv.errors import ModelLoadError
 from whisperkv.model.dims import ModelDims
 from whisperkv.weights.checkpoint import Checkpoint, directory_checkpoint
-from whisperkv.weights.transformers_files import write_transformers_files
 
 _ATTN = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
 
@@ -95,44 +96,3 @@ def load_huggingface(path: str | Path) -> Checkpoint:
         sd[ours] = t.float() if t.is_floating_point() else t
     stored = str(tensors["model.decoder.embed_tokens.weight"].dtype).replace("torch.", "")
     return directory_checkpoint(path, dims, sd, cfg.get("alignment_heads"), "huggingface", stored)
-
-
-def save_huggingface(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dims = checkpoint.dims
-    tensors = {
-        theirs: checkpoint.state_dict[ours].to(dtype).contiguous() for ours, theirs in name_map(dims).items()
-    }
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    eot = 50257 if dims.is_multilingual else 50256
-    cfg = {
-        "architectures": ["WhisperForConditionalGeneration"],
-        "model_type": "whisper",
-        "d_model": dims.n_audio_state,
-        "encoder_layers": dims.n_audio_layer,
-        "encoder_attention_heads": dims.n_audio_head,
-        "encoder_ffn_dim": 4 * dims.n_audio_state,
-        "decoder_layers": dims.n_text_layer,
-        "decoder_attention_heads": dims.n_text_head,
-        "decoder_ffn_dim": 4 * dims.n_text_state,
-        "num_mel_bins": dims.n_mels,
-        "vocab_size": dims.n_vocab,
-        "max_source_positions": dims.n_audio_ctx,
-        "max_target_positions": dims.n_text_ctx,
-        "activation_function": "gelu",
-        "scale_embedding": False,
-        "tie_word_embeddings": True,
-        "eos_token_id": eot,
-        "bos_token_id": eot,
-        "pad_token_id": eot,
-        "decoder_start_token_id": eot + 1,
-        "torch_dtype": str(dtype).replace("torch.", ""),
-    }
-    if checkpoint.alignment_heads:
-        cfg["alignment_heads"] = [list(h) for h in checkpoint.alignment_heads]
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    if (
-        checkpoint.tokenizer_path
-    ):  # the tokenizer, feature extractor and generation configs transformers reads
-        write_transformers_files(Path(checkpoint.tokenizer_path), path, dims, checkpoint.alignment_heads)
