@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+# the argparse types (``cli_types.py``); the other commands' parsers import them from here too
+from whisperkv.cli_types import (
+    language,
+    non_negative_int,
+    number,
+    optional,
+    positive_int,
+    positive_number,
+    str2bool,
+)
+from whisperkv.cli_types import non_negative_number as non_negative_number  # for stream/command.py
 from whisperkv.options_check import OptionError, check_transcribe_options, fallback_schedule
-from whisperkv.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+from whisperkv.tokenizer import LANGUAGES
 
 
 class CliParser(argparse.ArgumentParser):
@@ -44,88 +55,6 @@ class DefaultsFormatter(argparse.HelpFormatter):
 def add_parser(sub, name: str, help: str) -> CliParser:
     """A sub-command parser with a description and the defaults that matter in its ``--help``."""
     return sub.add_parser(name, help=help, description=help, formatter_class=DefaultsFormatter)
-
-
-# ---------------------------------------------------------------------------------------------------
-# argparse types: a value that cannot be parsed is refused with the option's name by argparse
-
-
-def str2bool(value: str) -> bool:
-    """True or False, spelt exactly so (openai-whisper's ``str2bool``: "yes" or "true" are refused, so a
-    command line means the same to both programs)."""
-    if value == "True":
-        return True
-    if value == "False":
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
-
-
-def optional(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``kind``, or None for the text "None" (openai-whisper's spelling of "unset")."""
-
-    def parse(value: str):
-        return None if value.strip().lower() == "none" else kind(value)
-
-    parse.__name__ = getattr(kind, "__name__", "value")
-    return parse
-
-
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (a bad value is a one-line usage error)."""
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
-def non_negative_number(text: str) -> float:
-    value = number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value:g}")
-    return value
-
-
-def positive_number(text: str) -> float:
-    value = number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value:g}")
-    return value
-
-
-def language(text: str) -> str:
-    """A language code ("de") or English name ("German"); returns the code."""
-    key = text.strip().lower()
-    if key in LANGUAGES:
-        return key
-    if key in TO_LANGUAGE_CODE:
-        return TO_LANGUAGE_CODE[key]
-    raise argparse.ArgumentTypeError(
-        f"unknown language {text!r}: give a code such as en, de, fr, zh or an English name such as German"
-    )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -205,7 +134,17 @@ def transcribe_parser(sub) -> CliParser:
 
 def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The decoding options of ``transcribe()`` (openai-whisper's names and defaults), for every command
-    that transcribes: ``transcribe`` and ``batch`` share them, and ``transcribe_options`` reads them."""
+    that transcribes: ``transcribe`` and ``batch`` share them, and ``transcribe_options`` reads them.
+    Added in openai-whisper's order, which is the order ``--help`` lists them in."""
+    _add_search_args(p)
+    _add_prompt_args(p)
+    _add_fallback_args(p)
+    _add_word_args(p)
+    return p
+
+
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    """Task, language, and how tokens are chosen: temperature, sampling, beam search, suppression."""
     opt = p.add_argument
     opt("--task", default="transcribe", choices=["transcribe", "translate"], help="translate: into English")
     opt(
@@ -230,6 +169,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="-1",
         help="token ids never emitted (comma-separated); -1: non-speech",
     )
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """What each window is prompted with; then ``--fp16``, which openai-whisper lists here."""
+    opt = p.add_argument
     opt("--initial_prompt", default=None, help="text the first window is told was said before it")
     opt("--carry_initial_prompt", type=str2bool, default=False, help="give --initial_prompt to every window")
     opt(
@@ -244,6 +188,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="prompt each window with the previous text (False: less looping, less consistency)",
     )
     opt("--fp16", type=str2bool, default=True, help="float16 on CUDA (the CPU always runs float32)")
+
+
+def _add_fallback_args(p: argparse.ArgumentParser) -> None:
+    """When a window is decoded again hotter (the thresholds it must pass), or skipped as silence."""
+    opt = p.add_argument
     opt(
         "--temperature_increment_on_fallback",
         type=optional(positive_number),
@@ -269,6 +218,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="skip a window as silence when its no-speech probability is above this (0 to 1) "
         "and its log-probability is below --logprob_threshold",
     )
+
+
+def _add_word_args(p: argparse.ArgumentParser) -> None:
+    """Word timestamps and their punctuation, the clips to transcribe, and the hallucination skip."""
+    opt = p.add_argument
     opt("--word_timestamps", type=str2bool, default=False, help="add word-level timestamps (alignment heads)")
     opt(
         "--prepend_punctuations",
@@ -291,7 +245,6 @@ def add_decoding_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="with word timestamps: skip silences longer than this (s) around a likely hallucination",
     )
-    return p
 
 
 def temperature_schedule(start: float, increment: float | None) -> tuple[float, ...]:

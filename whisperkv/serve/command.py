@@ -53,7 +53,7 @@ def _seconds_or_off(text: str) -> float:
 
 
 def add_serve_parser(sub: Any) -> None:
-    from whisperkv.cli import positive_int
+    from whisperkv.cli_types import positive_int
     from whisperkv.net_bind import port_number
     from whisperkv.serve.limits import add_limit_flags
 
