@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def add_remote_encoder_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -62,16 +64,17 @@ def add_parser(sub) -> None:
     p.add_argument("--carry", default="features", choices=["features", "cross_kv"], help="what to send back")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
+    """``whisperkv encoder-worker``. ``load`` is the command line's model loader (``--model``, ``--device``,
+    ``--threads``, ``--compute_type``), given by ``cli.main`` so that this module need not import it."""
     from whisperkv.boundary.keys import read_secret
     from whisperkv.boundary.worker import run_worker
-    from whisperkv.cli import _load
     from whisperkv.net_bind import bind_listening_socket, listening_url
 
     secret = read_secret(args.secret_file)
     # a bad or busy port: one error line before the model loads; uvicorn then serves on this socket
     with bind_listening_socket(args.host, args.port) as sock:
-        model = _load(args)
+        model = load(args)
         print(f"whisperkv encoder-worker: listening on {listening_url(sock)}", file=sys.stderr, flush=True)
         run_worker(model, secret, args.carry, sock=sock)
     return 0
