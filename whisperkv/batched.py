@@ -189,12 +189,7 @@ def transcribe_batched(
     speech = speech_frames(source) if vad == "energy" else silero_frames(source)
     chunks = chunks_from_speech(speech, source.n_samples)
     samples = ForwardSamples(source)  # the chunks' samples, read forward once
-    if language is None and model.is_multilingual and chunks:
-        first = chunk_mel(samples, chunks[0], model.dims.n_mels)
-        language, _ = detect_language_from_features(model, model.embed_audio(first[None]))
-        if verbose is not None:
-            print(f"Detected language: {LANGUAGES[language].title()}")
-    language = language or "en"
+    language = _language(model, samples, chunks, language, verbose)
     run = _Run(
         model,
         model.tokenizer.with_options(language=language),
@@ -205,8 +200,34 @@ def transcribe_batched(
         timestamps,
         hold_end,
     )
+    _decode_chunks(run, samples, chunks, batch_size, round(source.n_samples / SAMPLE_RATE, 2), verbose)
+    return _result(run, chunks, language, batch_size, vad)
+
+
+def _language(
+    model: Whisper, samples: ForwardSamples, chunks: list[Chunk], language: str | None, verbose: bool | None
+) -> str:
+    """The language asked for; else, for a multilingual model, the one detected in the first chunk
+    (printed unless ``verbose`` is None); else English."""
+    if language is None and model.is_multilingual and chunks:
+        first = chunk_mel(samples, chunks[0], model.dims.n_mels)
+        language, _ = detect_language_from_features(model, model.embed_audio(first[None]))
+        if verbose is not None:
+            print(f"Detected language: {LANGUAGES[language].title()}")
+    return language or "en"
+
+
+def _decode_chunks(
+    run: _Run,
+    samples: ForwardSamples,
+    chunks: list[Chunk],
+    batch_size: int,
+    total: float,
+    verbose: bool | None,
+) -> None:
+    """Every chunk and the windows that follow from them, ``batch_size`` at a time, into ``run``; with
+    ``verbose`` True, each segment printed once its chunk is done, and a progress bar on a terminal."""
     queue = WindowQueue(chunks)
-    total = round(source.n_samples / SAMPLE_RATE, 2)
     show_progress = verbose is True and sys.stderr.isatty()
     bar = tqdm.tqdm(total=total, unit="s", disable=not show_progress, leave=False)
     printer = SegmentPrinter(verbose is True, bar, len(chunks))
@@ -220,6 +241,10 @@ def transcribe_batched(
         printer.show_final(queue)
     bar.update(max(0.0, total - bar.n))  # the silence between chunks
     bar.close()
+
+
+def _result(run: _Run, chunks: list[Chunk], language: str, batch_size: int, vad: str) -> dict:
+    """``transcribe``'s result shape: the segments in time order, numbered; and what the batching did."""
     segments = sorted(run.segments, key=lambda s: (s["start"], s["end"]))
     segments = [{"id": i, **s} for i, s in enumerate(segments)]
     return {
