@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import describe  # noqa: E402
 
-from whisperkv.model.attend_kernel import load_kernel  # noqa: E402
+from whisperkv.cpu.attend import load_kernel  # noqa: E402
 from whisperkv.model.attention import attend  # noqa: E402
 from whisperkv.model.dims import KNOWN_DIMS  # noqa: E402
 

@@ -3,6 +3,8 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench.py                    # tiny.en, all audio, greedy + beam 5
     PYTHONPATH=. .venv/bin/python benchmarks/bench.py --model base       # the same table for base
     PYTHONPATH=. .venv/bin/python benchmarks/bench.py --quick            # short clip only, greedy
+    PYTHONPATH=. .venv/bin/python benchmarks/bench.py --before ../old    # also each whisperkv engine from
+                                                                         # an older checkout: after / before
 
 Each engine runs in its own worker process (model loaded once, load time excluded), all with the same
 thread count; runs are interleaved A B C A B C ... and the table reports medians. Peers come with the
@@ -16,7 +18,7 @@ Printed first: the CPU, the BLAS libraries, the versions and the commit; then pe
 median time, real-time factor, peak RSS, WER (with errors/words), output tokens, ms per output token,
 30 s windows per minute of audio, and for whisperkv the measured decoder ms per step (one new token
 for every row of a window: a beam-5 step advances five rows; the whole engine step — the layers, the
-vocabulary or its int8 screen, the token choice and a greedy window's deferred log-probabilities);
+vocabulary, the token choice and a greedy window's deferred log-probabilities);
 then every goal of performance issue 16 as met / NOT met in this run.
 """
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engines import BATCH_SIZE, ENGINES, TWINS, worker  # noqa: E402
+from bench_engines import BATCH_SIZE, BEFORE, ENGINES, worker  # noqa: E402
 from bench_inputs import SAMPLE_RATE, SPEECH, build_audio, model_files  # noqa: E402, F401 - re-exported
 from provenance import describe  # noqa: E402
 
@@ -184,10 +186,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="short clip, greedy only")
-    # the opt-in screen, and the int8 type without its attention kernel, when asked for (-unscreened: the
-    # default float32 engine under another name, kept for round 11's commands, when the screen was on)
-    default = [e for e in ENGINES if not e.endswith(("screened", "-nohold", *TWINS))]
-    p.add_argument("--engines", default=",".join(default), help="comma list of: " + ", ".join(ENGINES))
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma list of: " + ", ".join(ENGINES))
+    p.add_argument(
+        "--before",
+        default=None,
+        help="an older checkout (e.g. a git worktree): each whisperkv engine also runs from it, "
+        f"as ENGINE{BEFORE}, interleaved with the rest, and the ratios print after / before",
+    )
     p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
     p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
     p.add_argument("--utterance_seconds", type=float, default=180.0)
@@ -210,6 +215,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="whisperkv-bench-"))
     try:
         paths = model_files(args.model, tmp)
+        if args.before:
+            paths["before"] = str(Path(args.before).resolve())
+            before = [e + BEFORE for e in args.engines.split(",") if e.startswith("whisperkv-")]
+            args.engines = ",".join([*args.engines.split(","), *before])
         results = run_engines(args, paths, audios, audio_names, modes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -227,6 +236,10 @@ def main() -> int:
         print(f"{args.model} encoder fp32: {enc * 1000:.0f} ms per 30 s window")
     lengths = ", ".join(f"{k} {durations[k]:.1f} s" for k in audio_names)
     print(f"model {args.model}; audio: {lengths}; batch size {BATCH_SIZE}; {args.repeats} repeats, medians\n")
+    print("engines (what each runs):")
+    for spec, name in names.items():
+        print(f"  {spec:<36} {name}")
+    print()
     header = (
         f"{'engine':<36}{'audio':<11}{'mode':<7}{'median s':>9}{'RTF':>7}{'RSS MB':>8}{'WER':>7}"
         f"{'err/words':>11}{'tokens':>8}{'ms/tok':>8}{'win/min':>8}{'dec ms/step':>12}"
@@ -245,7 +258,7 @@ def main() -> int:
         ms = step_ms(runs)
         step = f"{ms:12.2f}" if ms is not None else f"{'-':>12}"
         print(
-            f"{names[spec]:<36}{audio_name:<11}{mode:<7}{median:>9.2f}{median / durations[audio_name]:>7.3f}"
+            f"{spec:<36}{audio_name:<11}{mode:<7}{median:>9.2f}{median / durations[audio_name]:>7.3f}"
             f"{rss:>8.0f}{errors / max(words, 1):>7.1%}{f'{errors}/{words}':>11}"
             f"{tokens if tokens else '-':>8}{per_token}{per_minute}{step}"
         )
@@ -254,7 +267,7 @@ def main() -> int:
         base = results.get(("whisperkv-fp32", audio_name, mode))
         if spec != "whisperkv-fp32" and base:
             errors, words = word_errors(base[-1][1]["text"], runs[-1][1]["text"])
-            print(f"  {names[spec]:<36} {audio_name:<10} {mode:<6} {errors}/{words} words differ")
+            print(f"  {spec:<36} {audio_name:<10} {mode:<6} {errors}/{words} words differ")
     print_goals(table, results, refs, args.model)
     print("\nratios (whisperkv time / peer time; < 1 means whisperkv is faster):")
     for (spec, audio_name, mode), t in table.items():
@@ -264,11 +277,10 @@ def main() -> int:
             if peer.startswith("whisperkv") or (a2, m2) != (audio_name, mode):
                 continue
             print(f"  {spec:<24} / {peer:<28} {audio_name:<10} {mode:<6} {t / t2:6.2f}")
-    for (spec, audio_name, mode), t in table.items():  # the attention kernel against SDPA; the screen
-        for suffix in ("-screened", "-unscreened", *TWINS):
-            plain = (spec.removesuffix(suffix), audio_name, mode)
-            if spec.endswith(suffix) and plain in table:
-                print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
+    for (spec, audio_name, mode), t in table.items():  # this checkout against --before's
+        plain = (spec.removesuffix(BEFORE), audio_name, mode)
+        if spec.endswith(BEFORE) and plain in table:
+            print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
     return 0
 
 

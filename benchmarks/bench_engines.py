@@ -1,14 +1,16 @@
 """The engines ``bench.py`` times, each run inside a worker process of its own.
 
-whisperkv (with its twins: one fast path off, named by a suffix), faster-whisper (sequential and its
-``BatchedInferencePipeline``), whisper.cpp (pywhispercpp) and openai-whisper, all on the same weights
-(``bench_inputs.model_files``). ``worker`` loads one, warms it up, then transcribes what it is sent.
+whisperkv (and, with ``--before``, the same engines from an older checkout), faster-whisper
+(sequential and its ``BatchedInferencePipeline``), whisper.cpp (pywhispercpp) and openai-whisper, all
+on the same weights (``bench_inputs.model_files``). ``worker`` loads one, warms it up, then
+transcribes what it is sent.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 
 import numpy as np
@@ -25,107 +27,47 @@ class Engine:
 
 
 class WhisperKV(Engine):
-    def __init__(
-        self,
-        model: str,
-        compute_type: str,
-        batched: bool = False,
-        vad: str = "energy",
-        screen: bool = False,
-        sdpa: bool = False,
-        hold_end: bool = True,
-        gemm: bool = False,
-        calls: bool = False,
-        head_by_head: bool = False,
-        sdpa_encoder: bool = False,
-        torch_linears: bool = False,
-        torch_choice: bool = False,
-        block_steps: bool = False,
-    ) -> None:
-        import torch
+    """whisperkv as a user runs it: ``load_model`` with a compute type, sequential or batched.
 
+    The whisperkv imported is the one on ``sys.path``: ``worker`` puts an older checkout first for a
+    ``spec@before`` engine (``bench.py --before``), so this class uses only what every version has."""
+
+    def __init__(self, model: str, compute_type: str, batched: bool = False, vad: str = "energy") -> None:
         import whisperkv
-        from whisperkv.model.attend_kernel import use_attention_kernels
-        from whisperkv.model.vocab import current_layout
 
-        self.model = whisperkv.load_model(model, compute_type=compute_type, vocab_screen=screen)
-        if sdpa:  # PyTorch's SDPA everywhere: int8 as before round 6, float32 as before round 9
-            use_attention_kernels(self.model, on=False)
-        if gemm:  # float32 steps' linears through the row GEMMs (before round 11); int8 steps with
-            # PyTorch between the kernels (LayerNorms, GELU, residuals; before round 15)
-            use_attention_kernels(self.model, rows=False)
-        if head_by_head:  # the int8 type's bfloat16 encoder head by head, as before round 15 with AMX
-            use_attention_kernels(self.model, head_by_head=True)
-        if sdpa_encoder:  # the int8 type's bfloat16 encoder through SDPA, as before round 18 with AMX
-            use_attention_kernels(self.model, tiles=False)
-        if torch_linears:  # the int8 type's encoder linears through PyTorch, as in round 18 with AMX
-            use_attention_kernels(self.model, linears=False)
-        if torch_choice:  # a greedy step's filters and choice through PyTorch, as before round 20 (this
-            # worker process only: the fused step asks for its kernel at each window)
-            import whisperkv.decoding.greedy_choice as greedy_choice
-
-            greedy_choice._kernel_fn = lambda: None
-        if block_steps:  # steps block by block from Python, as before round 21
-            self.model.decoder.decoder_step = None
-        if calls:  # float32 blocks' steps call by call from Python, as before round 13
-            from whisperkv.model.block_step import use_block_step
-
-            use_block_step(self.model.decoder, on=False)
-        layout = current_layout(self.model.decoder)
-        mlp = self.model.decoder.blocks[0].mlp
-        rows_kernel = [m.kernel for m in mlp.modules() if getattr(m, "kernel", None) is not None]
-        if rows_kernel:
-            layout += " rows kernel" + (" (amx)" if rows_kernel[0].amx else "")
-        if self.model.decoder.blocks[0].step_rows is not None:
-            layout += ", linears kernel"
-        if self.model.decoder.blocks[0].block_step is not None:
-            layout += ", block step"
-        if self.model.decoder.decoder_step is not None:
-            layout += ", whole step"
-        if self.model.decoder.attention_kernel is not None:
-            layout += ", attn kernel"
-        if self.model.decoder.kv_dtype == torch.bfloat16:
-            layout += ", bf16 caches"
-        encoder_attention = self.model.encoder.blocks[0].attn.kernel
-        if encoder_attention is not None:
-            tiles = type(encoder_attention).__name__ == "TiledEncoderAttention"
-            layout += ", encoder amx tiles" if tiles else ", encoder head by head"
-            layout += " + linears" if self.model.encoder.blocks[0].tiles is not None else ""
-        self.name = f"whisperkv {compute_type}" + (f" batched {vad}" if batched else "") + f" [{layout}]"
-        self.name += " screened" if self.model.decoder.vocab_screen is not None else ""
-        self.name += " no hold" if batched and not hold_end else ""
-        self.name += " torch choice" if torch_choice else ""
-        self.name += " system heap" if os.environ.get("WHISPERKV_HEAP") == "system" else ""
-        self.batched, self.vad, self.hold_end = batched, vad, hold_end
+        self.model = whisperkv.load_model(model, compute_type=compute_type)
+        plan = self.model.weights_digest.partition("+attention(")[2].rstrip(")")  # what runs its steps
+        mode = f" batched {vad}" if batched else ""
+        self.name = f"whisperkv {compute_type}{mode} [{plan or 'sdpa'}]"
+        self.batched, self.vad = batched, vad
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
         forward, forward_rows = self.model.decoder.forward, self.model.decoder.forward_rows
 
-        def timed_forward(tokens, cache, positions=None):  # noqa: ANN001, ANN202 - the decoder's signature
+        def timed_forward(tokens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
             start = time.perf_counter()
-            out = forward(tokens, cache, positions)
+            out = forward(tokens, *args, **kwargs)
             if tokens.shape[-1] == 1:  # a step of the batched mode's loop (the prompt is not a step)
                 self._steps[0] += 1
                 self._steps[1] += time.perf_counter() - start
             return out
 
-        def timed_forward_rows(groups, project=True):  # noqa: ANN001, ANN202 - the engine's step
+        def timed_forward_rows(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the engine's step
             start = time.perf_counter()
-            out = forward_rows(groups, project)
+            out = forward_rows(*args, **kwargs)
             self._steps[0] += 1
             self._steps[1] += time.perf_counter() - start
             return out
 
         self.model.decoder.forward = timed_forward
         self.model.decoder.forward_rows = timed_forward_rows
-        # the engine's step goes on after forward_rows: the vocabulary (every logit, or the int8 screen of
-        # greedy rows and their deferred log-probabilities) and the token choice. Timed as part of it.
+        # the engine's step goes on after forward_rows: the vocabulary and the token choice, timed as
+        # part of it
         self._time_engine_vocabulary()
 
     def _time_engine_vocabulary(self) -> None:
         from whisperkv.decoding.window import WindowDecode
 
         steps, inside = self._steps, [False]
-        model = self.model
 
         def timed(call):  # noqa: ANN001, ANN202 - adds a call's seconds once (not again when nested)
             def run(*args):  # noqa: ANN002, ANN202
@@ -145,16 +87,7 @@ class WhisperKV(Engine):
             def advance(self, logits):  # noqa: ANN001, ANN202
                 timed(super().advance)(logits)
 
-            def advance_screened(self, *rows):  # noqa: ANN002, ANN202
-                timed(super().advance_screened)(*rows)
-
-            def _screened_sums(self):  # noqa: ANN202
-                timed(super()._screened_sums)()
-
-        model.decoder.project = timed(model.decoder.project)  # the full rows' logits
-        screen = model.decoder.vocab_screen
-        if screen is not None:  # greedy rows: the int8 products of the screen
-            screen.approximate = timed(screen.approximate)
+        self.model.decoder.project = timed(self.model.decoder.project)  # the rows' logits
         import whisperkv.engine.scheduler as scheduler
 
         scheduler.WindowDecode = TimedWindow  # this benchmark process only
@@ -165,13 +98,7 @@ class WhisperKV(Engine):
             from whisperkv.batched import transcribe_batched
 
             result = transcribe_batched(
-                self.model,
-                audio,
-                beam_size=beam_size,
-                batch_size=BATCH_SIZE,
-                vad=self.vad,
-                hold_end=self.hold_end,
-                language="en",
+                self.model, audio, beam_size=beam_size, batch_size=BATCH_SIZE, vad=self.vad, language="en"
             )
             windows = result["batched"]["windows"] + result["batched"]["fallbacks"]
         else:
@@ -253,31 +180,15 @@ class OpenAIWhisper(Engine):
         }
 
 
+#: the engines a user chooses between: whisperkv's compute types, sequential and batched (its VADs),
+#: and each peer's. A fast path's slow twin is proven equal by the tests, not timed here; the twins the
+#: benchmark once carried and what they measured are in docs/performance_history.md.
 ENGINES = (
     "whisperkv-fp32",
-    "whisperkv-fp32-sdpa",
-    "whisperkv-fp32-gemm",
-    "whisperkv-fp32-screened",
-    "whisperkv-fp32-unscreened",
-    "whisperkv-fp32-sysheap",
-    "whisperkv-fp32-calls",
-    "whisperkv-fp32-torchchoice",
-    "whisperkv-fp32-blocksteps",
     "whisperkv-int8",
-    "whisperkv-int8-sdpa",
-    "whisperkv-int8-pytorch",
-    "whisperkv-int8-headbyhead",
-    "whisperkv-int8-sdpaencoder",
-    "whisperkv-int8-torchlinears",
-    "whisperkv-int8-torchchoice",
-    "whisperkv-int8-blocksteps",
     "whisperkv-batched-int8",
-    "whisperkv-batched-int8-sdpa",
-    "whisperkv-batched-int8-sdpaencoder",
-    "whisperkv-batched-int8-torchlinears",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
-    "whisperkv-batched-int8-nohold",
     "faster-whisper-fp32",
     "faster-whisper-int8",
     "faster-whisper-batched-int8",
@@ -285,47 +196,14 @@ ENGINES = (
     "whisper.cpp-f16",
     "openai-whisper-fp32",
 )
-
-
-#: engine suffixes naming a default engine with one of its fast paths off (printed as ratios to it)
-TWINS = (
-    "-sdpa",
-    "-gemm",
-    "-sysheap",
-    "-calls",
-    "-pytorch",
-    "-headbyhead",
-    "-sdpaencoder",
-    "-torchlinears",
-    "-torchchoice",
-    "-blocksteps",
-)
+BEFORE = "@before"  # a whisperkv engine's suffix: the same engine from the checkout ``--before`` names
 
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
-        if spec.endswith("-sysheap"):  # glibc's heap defaults: the twin of whisperkv/heap.py's settings
-            from whisperkv.heap import OPT_OUT
-
-            os.environ[OPT_OUT] = "system"
         compute = "int8" if "int8" in spec else "float32"
         vad = "silero" if "silero" in spec else "energy"
-        return WhisperKV(
-            paths["model"],
-            compute,
-            "batched" in spec,
-            vad,
-            screen=spec.endswith("-screened"),
-            sdpa=spec.endswith("-sdpa"),
-            hold_end=not spec.endswith("-nohold"),
-            gemm=spec.endswith(("-gemm", "-pytorch")),  # int8: PyTorch between its kernels, before round 15
-            calls=spec.endswith("-calls"),
-            head_by_head=spec.endswith("-headbyhead"),
-            sdpa_encoder=spec.endswith("-sdpaencoder"),
-            torch_linears=spec.endswith("-torchlinears"),
-            torch_choice=spec.endswith("-torchchoice"),
-            block_steps=spec.endswith("-blocksteps"),
-        )
+        return WhisperKV(paths["model"], compute, "batched" in spec, vad)
     if spec.startswith("faster-whisper-"):
         compute = "int8" if spec.endswith("int8") else "float32"
         return FasterWhisper(paths["ct2_dir"], compute, threads, batched="batched" in spec)
@@ -336,13 +214,26 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     raise ValueError(f"unknown engine {spec!r}: one of {', '.join(ENGINES)}")
 
 
+def _use_checkout(spec: str, paths: dict) -> str:
+    """``spec@before``: the whisperkv of the checkout ``paths["before"]`` comes first on ``sys.path``
+    (this worker has not imported whisperkv yet); returns the spec without its suffix."""
+    if not spec.endswith(BEFORE):
+        return spec
+    if "whisperkv" in sys.modules or not spec.startswith("whisperkv-") or not paths.get("before"):
+        raise ValueError(f"{spec}: a whisperkv engine, with --before naming a checkout, in a fresh worker")
+    sys.path.insert(0, paths["before"])
+    return spec.removesuffix(BEFORE)
+
+
 def worker(spec: str, threads: int, paths: dict, audios: dict, conn) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         import torch
 
         torch.set_num_threads(threads)
-        engine = _make_engine(spec, threads, paths)
+        engine = _make_engine(_use_checkout(spec, paths), threads, paths)
+        if spec.endswith(BEFORE):
+            engine.name += " before"
         engine.transcribe(audios["warmup"], None)  # first call pays one-off costs
     except Exception as exc:  # noqa: BLE001 - an unavailable peer is reported, not fatal
         conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -63,9 +63,10 @@ def measure_model(name: str, audio, windows: int, rounds: int, secret: bytes, se
     import whisperkv
     from whisperkv.audio import N_SAMPLES, log_mel_spectrogram, pad_or_trim
     from whisperkv.boundary.client import RemoteEncoder
-    from whisperkv.cache.store import CacheStore, LocalEncoder
+    from whisperkv.cache.store import CacheStore
     from whisperkv.decoding.decode import decode_window
     from whisperkv.decoding.options import DecodingOptions
+    from whisperkv.local_encoder import LocalEncoder
 
     model = whisperkv.load_model(name)
     tokenizer = model.tokenizer.with_options(language="en", task="transcribe")
@@ -79,7 +80,7 @@ def measure_model(name: str, audio, windows: int, rounds: int, secret: bytes, se
         }
         for rnd in range(rounds + 1):  # round 0 warms every path up and is not counted
             for encoder in encoders.values():
-                store = CacheStore(max_entries=1, encoder=encoder)
+                store = CacheStore(encoder, max_entries=1)
                 for w in range(windows):
                     start = w * N_SAMPLES
                     samples = audio[start : start + N_SAMPLES]

@@ -5,8 +5,8 @@ projection from Python), whole transcriptions.
         [--beam_size 5] [--pairs 6]
 
 One process, one model, the long-form files of ../shared (temperature 0, as ``bench.py`` runs them):
-each file transcribed with ``TextDecoder.decoder_step`` (``model/decoder_step.py``; the int8 type's:
-``model/int8_decoder_step.py``) and without it, in
+each file transcribed with ``TextDecoder.decoder_step`` (``cpu/decoder_step.py``; the int8 type's:
+``cpu/int8_decoder_step.py``) and without it, in
 alternating order, pair after pair (``alternate.py``). Prints per way the median whole time, the median
 decoder ms per step (``TextDecoder.forward_rows``: embedding, blocks, LayerNorm and vocabulary; the
 token choice after it is not in it), and whether the transcripts' words are the same.

@@ -6,7 +6,7 @@
 For each decoder-shaped product of tiny.en (fused query/key/value, MLP up and down, the vocabulary
 projection) on ``--rows`` rows (1: greedy, 5: a beam-5 window, 40: batched beam 5): ``Int8Linear``
 through fbgemm (``quantized::linear_dynamic``: int8 weights with per-row scales, one activation scale
-per call), through the C rows kernel (``model/int8_rows.py``: the same int8 weights, one scale per
+per call), through the C rows kernel (``cpu/int8_rows.py``: the same int8 weights, one scale per
 row), and ``aten._weight_int8pack_mm`` (activations kept in bfloat16). Each is timed warm (the same
 weights again) and cold (64 MB of other data written between calls, as a real step's other reads do),
 interleaved, medians in microseconds; each one's largest error against the float32 product beside.
@@ -50,8 +50,8 @@ def main() -> int:
     p.add_argument("--transcribe", help="with --against: whole transcriptions of these bench.py audios")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from whisperkv.model.int8_rows import load_rows_kernel
-    from whisperkv.model.quantize import Int8Linear
+    from whisperkv.cpu.int8_linear import Int8Linear
+    from whisperkv.cpu.int8_rows import load_rows_kernel
 
     print(describe(args.threads))
     kernel = load_rows_kernel()
@@ -117,7 +117,7 @@ def _transcriptions(other, commit: str, audio_names: list[str], repeats: int) ->
     from bench import build_audio
 
     import whisperkv
-    from whisperkv.model.quantize import Int8Linear
+    from whisperkv.cpu.int8_linear import Int8Linear
 
     audios, _ = build_audio(min_utterance_seconds=120)
     models = {"now": whisperkv.load_model("tiny.en", compute_type="int8")}
@@ -150,14 +150,14 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     """The rows kernel built from ``commit``'s ``int8_rows.c`` with the library's flags, or None (no
     compiler, or no such file at that commit). With that commit's ``rows_f32.c`` where there is one: the
     int8 step's LayerNorm and GELU come from it (round 15 on)."""
-    from whisperkv.model.attend_kernel import FLAGS
-    from whisperkv.model.int8_rows import Int8RowsKernel
+    from whisperkv.cpu.build import FLAGS
+    from whisperkv.cpu.int8_rows import Int8RowsKernel
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     root = Path(__file__).resolve().parents[1]
 
     def show(name: str) -> subprocess.CompletedProcess:
-        path = f"{commit}:whisperkv/model/kernels/{name}"
+        path = f"{commit}:whisperkv/cpu/kernels/{name}"
         return subprocess.run(["git", "show", path], cwd=root, capture_output=True)
 
     shown = show("int8_rows.c")

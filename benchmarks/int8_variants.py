@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/int8_variants.py [--model base] [--threads 2]
 
-The int8 type (``model/quantize.py``) approximates in several places at once. Each variant here undoes
+The int8 type (``cpu/quantize.py``) approximates in several places at once. Each variant here undoes
 one of them on the same float32 weights, and every variant transcribes the benchmark's utterances file
 (built as ``bench.py`` builds it, 120 s) and its long file, greedy and beam 5, with the language given:
 
@@ -31,9 +31,9 @@ from bench import build_audio  # noqa: E402
 from provenance import describe  # noqa: E402
 
 import whisperkv  # noqa: E402
+from whisperkv.cpu.plan import use_attention_kernels  # noqa: E402
+from whisperkv.cpu.quantize import quantize_int8  # noqa: E402
 from whisperkv.metrics import word_errors  # noqa: E402
-from whisperkv.model.attend_kernel import use_attention_kernels  # noqa: E402
-from whisperkv.model.quantize import quantize_int8  # noqa: E402
 from whisperkv.model.whisper import Whisper  # noqa: E402
 
 VARIANTS = ("int8", "float32-caches", "int8-encoder", "float32-vocab", "float32")

@@ -5,7 +5,7 @@
 The decoder is set up as in a real decode of ../shared's jfk clip (its encoder output and Cross-KV, a
 Self-KV holding the prompt and ``--position`` tokens), then each part of one step is timed on its own,
 interleaved with the others and repeated (``--repeats``), and the medians are printed: the vocabulary
-projection under each layout ``model/vocab.py`` can choose, each layer's self-attention, cross-attention
+projection under each layout ``cpu/vocab.py`` can choose, each layer's self-attention, cross-attention
 and MLP, the whole step as ``TextDecoder.forward`` runs it, and the encoder per 30 s window. On a shared
 machine the absolute figures move with the load; the machine line says what it was.
 """
@@ -41,7 +41,7 @@ def _encoder_against_its_twins(model, mel: torch.Tensor, repeats: int) -> dict[s
     """The int8 type's encoder per window as it runs (attention and linears in AMX tiles), with PyTorch's
     linears (round 18's), and with SDPA and PyTorch's linears (the tiles' twin, round 17's), alternated
     run by run (medians, ms); None where the encoder does not attend in tiles."""
-    from whisperkv.model.attend_kernel import use_attention_kernels
+    from whisperkv.cpu.plan import use_attention_kernels
 
     if type(model.encoder.blocks[0].attn.kernel).__name__ != "TiledEncoderAttention":
         return None
@@ -96,17 +96,16 @@ def main() -> int:
 
     import whisperkv
     from whisperkv.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
-    from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, current_layout
+    from whisperkv.cpu.vocab import LAYOUTS, apply_layout, choose_layout, current_layout
 
     print(describe(args.threads))
-    model = whisperkv.load_model(args.model, compute_type=args.compute_type, vocab_screen=True)
+    model = whisperkv.load_model(args.model, compute_type=args.compute_type)
     if args.sdpa:
-        from whisperkv.model.attend_kernel import use_attention_kernels
+        from whisperkv.cpu.plan import use_attention_kernels
 
         use_attention_kernels(model, on=False)
     decoder = model.decoder
     chosen = current_layout(decoder)
-    screen_bytes = decoder.vocab_screen.int8_bytes if decoder.vocab_screen is not None else None
     # as held for the steps (float16 where exact), before the layouts below are tried; the int8 type's
     # embedding holds int8 rows (no ``weight``), and no byte count is printed for it
     table_bytes = decoder.token_embedding.weight.nbytes if model.compute_type != "int8" else 0
@@ -146,7 +145,7 @@ def main() -> int:
             lambda: engine_step(beams, beam_tokens), args.repeats
         )
         if decoder.blocks[0].block_step is not None:  # its twin, the kernels called one by one
-            from whisperkv.model.block_step import use_block_step
+            from whisperkv.cpu.block_step import use_block_step
 
             use_block_step(decoder, on=False)
             parts["whole step, engine, 1 row, call by call"] = median_ms(engine_step, args.repeats)
@@ -155,7 +154,7 @@ def main() -> int:
             )
             use_block_step(decoder)
         if decoder.blocks[0].step_rows is not None:  # its twin: float32's row GEMMs (before round 11),
-            from whisperkv.model.attend_kernel import use_attention_kernels  # int8's PyTorch (round 14)
+            from whisperkv.cpu.plan import use_attention_kernels  # int8's PyTorch (round 14)
 
             twin = "PyTorch glue" if model.compute_type == "int8" else "row GEMMs"
             use_attention_kernels(model, rows=False)
@@ -164,14 +163,6 @@ def main() -> int:
                 lambda: engine_step(beams, beam_tokens), args.repeats
             )
             use_attention_kernels(model)
-        if decoder.vocab_screen is not None:  # float32: greedy steps may read the int8 screen instead
-            full_step, screened_step = _greedy_steps(model, cache, held, token)
-            parts["greedy step and token choice, full product"] = median_ms(full_step, args.repeats)
-            parts["greedy step and token choice, int8 screen"] = median_ms(screened_step, args.repeats)
-            hidden = decoder.ln(decoder._embed(token, held))[:, -1]
-            parts["vocabulary int8 screen (products)"] = median_ms(
-                lambda: decoder.vocab_screen.approximate(hidden), args.repeats
-            )
         parts["embedding"] = median_ms(lambda: decoder._embed(token, held), args.repeats)
         for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
 
@@ -251,12 +242,6 @@ def main() -> int:
             f"(the step's bytes fit in this CPU's {cache_mb:.0f} MB last-level cache: read from there, a "
             "step can take less than that)"
         )
-    if screen_bytes is not None:
-        screened_bytes = layer_bytes + screen_bytes
-        print(
-            f"with the int8 screen a greedy step reads {screened_bytes / 1e6:.0f} MB (the int8 table, not "
-            f"the float32 one; the few exact rows aside): at least {screened_bytes / 1e6 / bandwidth:.2f} ms"
-        )
     return 0
 
 
@@ -264,10 +249,10 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
     """Of the int8 type's engine step (1 row), the time inside its C calls (each timed around it: the
     blocks' one-call steps, the int8 rows kernel of the vocabulary and of any linear called alone, the
     attention kernel called alone), and the rest: PyTorch and Python between them, which the block
-    step in C (round 15, ``model/int8_step.py``) took away. Medians over the steps."""
-    from whisperkv.model.attend_kernel import AttendKernel
-    from whisperkv.model.block_step import BlockStep
-    from whisperkv.model.int8_rows import Int8RowsKernel
+    step in C (round 15, ``cpu/int8_step.py``) took away. Medians over the steps."""
+    from whisperkv.cpu.attend import AttendKernel
+    from whisperkv.cpu.block_step import BlockStep
+    from whisperkv.cpu.int8_rows import Int8RowsKernel
 
     spent = {"block step kernel": 0.0, "int8 rows kernel": 0.0, "attention kernel": 0.0}
     products, attend, block = Int8RowsKernel._run, AttendKernel.__call__, BlockStep.__call__
@@ -305,39 +290,6 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
         print(f"{'  inside the ' + key:<48}{statistics.median(rows[key]) * 1e3:>10.3f}")
     print(f"{'  between them (PyTorch, Python)':<48}{statistics.median(rest) * 1e3:>10.3f}")
     print(f"{'  whole step':<48}{statistics.median(rows['whole']) * 1e3:>10.3f}")
-
-
-def _greedy_steps(model, cache, held: int, token: torch.Tensor):  # noqa: ANN001, ANN202
-    """The engine's greedy step for one row, token chosen, both ways: every logit (filters, argmax, the
-    log-probability), or the screen (its int8 products, the exact candidates and timestamp rows, the
-    token; the log-probability deferred, not timed here). The row follows <|0.00|> and one word."""
-    from whisperkv.decoding.decode import plan_decode
-    from whisperkv.decoding.options import DecodingOptions
-    from whisperkv.decoding.screened import ScreenedGreedy
-    from whisperkv.decoding.search import GreedySearch
-
-    tokenizer = model.tokenizer.with_options(language="en", task="transcribe")
-    prompt, _, _, _, filters = plan_decode(model, tokenizer, DecodingOptions(language="en"))
-    tokens = torch.tensor([prompt + [tokenizer.timestamp_begin, int(token)]])
-    decoder = model.decoder
-
-    def hidden_rows(project: bool) -> torch.Tensor:
-        for kv in cache.self_kv:
-            kv.length = held
-        return decoder.forward_rows([(token, cache)], project=project)
-
-    def full_step() -> None:
-        logits = hidden_rows(True).clone()
-        for f in filters:
-            f.apply(logits, tokens)
-        GreedySearch(0.0, tokenizer.eot).update(tokens, logits, torch.zeros(1))
-
-    def screened_step() -> None:
-        hidden = hidden_rows(False)
-        screened = ScreenedGreedy(decoder, filters, tokenizer.eot)
-        screened.choose(hidden[0], decoder.vocab_screen.approximate(hidden), 0, tokens)
-
-    return full_step, screened_step
 
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@ def int8_words(model, **options) -> list[str]:  # noqa: ANN001 - a whisperkv mod
     """``INT8_CLIPS``' normalised transcripts with ``use_attention_kernels(model, **options)``; the
     model's own kernels restored afterwards."""
     import whisperkv
+    from whisperkv.cpu.plan import use_attention_kernels
     from whisperkv.metrics import normalize_text
-    from whisperkv.model.attend_kernel import use_attention_kernels
 
     try:
         use_attention_kernels(model, **options)
@@ -125,6 +125,20 @@ def tiny_model():
     import whisperkv
 
     return whisperkv.load_model("tiny.en")
+
+
+@pytest.fixture(scope="module")
+def kernel_model():
+    """tiny.en with the float32 step kernels on, whatever the CPU: the default takes them only where it
+    has AVX-512 (``cpu/plan.py``), and their tests prove them everywhere they build."""
+    import whisperkv
+    from whisperkv.cpu.plan import use_attention_kernels
+
+    model = whisperkv.load_model("tiny.en")
+    use_attention_kernels(model, rows=True)
+    if model.decoder.blocks[0].step_rows is None:
+        pytest.skip("no C compiler: the float32 step kernels are not built")
+    return model
 
 
 @pytest.fixture(scope="session")

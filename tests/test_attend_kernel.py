@@ -1,4 +1,4 @@
-"""The int8 type's step attention kernel (model/attend_kernel.py): SDPA's numbers to float rounding,
+"""The int8 type's step attention kernel (cpu/attend.py): SDPA's numbers to float rounding,
 row-exact whatever else is in the call, refused outside its shapes, built once and cached."""
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from tests.conftest import torch_threads
+from whisperkv.cpu import build
+from whisperkv.cpu.attend import AttendKernel, load_kernel
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f
+from whisperkv.cpu.head_by_head import HeadByHeadAttention
+from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.tiled_attention import TiledEncoderAttention
+from whisperkv.cpu.tiled_linear import TiledEncoderLinear
 from whisperkv.metrics import normalize_text
-from whisperkv.model import attend_kernel
-from whisperkv.model.attend_kernel import AttendKernel, load_kernel, use_attention_kernels
-from whisperkv.model.attention import HeadByHeadAttention, attend
-from whisperkv.model.cpu_flags import cpu_has_amx_bf16
-from whisperkv.model.tiled_attention import TiledEncoderAttention
-from whisperkv.model.tiled_linear import TiledEncoderLinear
+from whisperkv.model.attention import attend
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -109,24 +111,24 @@ def test_kernel_refuses_what_it_does_not_compute(kernel):
 
 
 def test_build_is_kept_and_reused(tmp_path):
-    first = load_kernel.__wrapped__(tmp_path)
+    first = build.load_library.__wrapped__(tmp_path)
     assert first is not None and first.path.parent == tmp_path
     built = first.path.stat().st_mtime_ns
-    again = load_kernel.__wrapped__(tmp_path)
+    again = build.load_library.__wrapped__(tmp_path)
     assert again is not None and again.path == first.path and again.path.stat().st_mtime_ns == built
     assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no leftover temporary build
 
 
 def test_without_a_compiler_there_is_no_kernel(tmp_path, monkeypatch):
-    monkeypatch.setattr(attend_kernel.shutil, "which", lambda name: None)
-    assert load_kernel.__wrapped__(tmp_path) is None
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    assert build.load_library.__wrapped__(tmp_path) is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_build_warns_and_leaves_sdpa(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     with pytest.warns(UserWarning, match="kernels .* were not built"):
-        assert load_kernel.__wrapped__(tmp_path) is None
+        assert build.load_library.__wrapped__(tmp_path) is None
 
 
 def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, monkeypatch):
@@ -135,7 +137,7 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
     monkeypatch.setenv("WHISPERKV_CACHE", str(blocked / "cache"))  # under a file: cannot be made
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    built = load_kernel.__wrapped__()
+    built = build.load_library.__wrapped__()
     assert built is not None and built.path.parent == tmp_path / "tmp" / f"whisperkv-{os.getuid()}"
 
 
@@ -178,7 +180,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     """An encoder output or a cache made with the type's own attention is never taken for one made with
     SDPA: the weights digest every provenance carries says which was used."""
     own = int8_model.weights_digest
-    # "linears kernel": the int8 step's linears in C (``model/int8_step.py``), where the rows kernel builds,
+    # "linears kernel": the int8 step's linears in C (``cpu/int8_step.py``), where the rows kernel builds,
     # and then its final LayerNorm too ("final norm kernel", ``TextDecoder._logits``)
     built = int8_model.decoder.blocks[0].step_rows is not None
     linears = ", linears kernel, final norm kernel" if built else ""
@@ -199,9 +201,14 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
     float32 = tiny_model.weights_digest
-    assert float32.endswith("+attention(decoder kernel, linears kernel, final norm kernel, encoder sdpa)")
+    rows = ", linears kernel, final norm kernel" if cpu_has_avx512f() else ""  # where it is the faster
+    assert float32.endswith(f"+attention(decoder kernel{rows}, encoder sdpa)")
     assert float32.count("+attention(") == 1
     try:
+        use_attention_kernels(tiny_model, rows=True)  # asked for: the linears kernel on any CPU
+        assert tiny_model.weights_digest.endswith(
+            "+attention(decoder kernel, linears kernel, final norm kernel, encoder sdpa)"
+        )
         use_attention_kernels(tiny_model, rows=False)  # the step's linears through the row GEMMs
         assert tiny_model.weights_digest.endswith("+attention(decoder kernel, encoder sdpa)")
         assert tiny_model.weights_digest.count("+attention(") == 1
@@ -284,7 +291,7 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, k
     ]
     if TiledEncoderAttention.available(kernel.library):
         ways.append(({"head_by_head": False, "linears": False}, TiledEncoderAttention, "encoder amx tiles)"))
-    if TiledEncoderLinear.available(kernel.library):  # the linears too (``model/tiled_linear.py``)
+    if TiledEncoderLinear.available(kernel.library):  # the linears too (``cpu/tiled_linear.py``)
         ending = "encoder amx tiles, linears tiles, convolutions tiles)"
         ways.append(({"head_by_head": False}, TiledEncoderAttention, ending))
     try:
@@ -308,7 +315,7 @@ def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):
     import ctypes
     import subprocess
 
-    from whisperkv.model.attend_kernel import FLAGS, SOURCES
+    from whisperkv.cpu.build import FLAGS, SOURCES
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     plain = tmp_path / "plain.so"

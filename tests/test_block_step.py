@@ -1,4 +1,4 @@
-"""A decoder block's step in one C call (``model/block_step.py``, ``kernels/block_step.c``): the same
+"""A decoder block's step in one C call (``cpu/block_step.py``, ``kernels/block_step.c``): the same
 logits and Self-KV, bit for bit, as its twin (the same kernels called one by one from Python), for a
 greedy window and a beam-5 window; the steps it does not take go the twin's way."""
 
@@ -9,38 +9,39 @@ import torch
 
 import whisperkv
 from tests.block_step_twins import PROMPT, assert_one_call_per_block_is_the_twin, cross_kv_of, decode_steps
-from whisperkv.model.block_step import BlockStep, use_block_step
-from whisperkv.model.step_rows import StepRowsKernel
+from whisperkv.cpu.block_step import BlockStep, use_block_step
+from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.step_rows import StepRowsKernel
 
 
 @pytest.fixture(scope="module")
-def jfk_cross(tiny_model, speech_dir):
-    return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac"])
+def jfk_cross(kernel_model, speech_dir):
+    return cross_kv_of(kernel_model, speech_dir, ["en/jfk.flac"])
 
 
 @pytest.fixture(scope="module")
-def two_windows_cross(tiny_model, speech_dir):
+def two_windows_cross(kernel_model, speech_dir):
     """jfk and a LibriSpeech clip: a batched step's cache."""
-    return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
+    return cross_kv_of(kernel_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-def test_one_call_per_block_gives_the_twins_bits(tiny_model, jfk_cross, monkeypatch, rows):
-    assert_one_call_per_block_is_the_twin(tiny_model.decoder, jfk_cross, rows, 6, BlockStep, monkeypatch)
+def test_one_call_per_block_gives_the_twins_bits(kernel_model, jfk_cross, monkeypatch, rows):
+    assert_one_call_per_block_is_the_twin(kernel_model.decoder, jfk_cross, rows, 6, BlockStep, monkeypatch)
 
 
-def test_the_batched_modes_windows_take_it_past_16_rows(tiny_model, two_windows_cross, monkeypatch):
+def test_the_batched_modes_windows_take_it_past_16_rows(kernel_model, two_windows_cross, monkeypatch):
     """Two windows of ten beams (20 rows, 10 a window: the batched mode's beam search) in one call per
     block, with the twin's bits: the attention kernel's 16-row limit is per window."""
     assert_one_call_per_block_is_the_twin(
-        tiny_model.decoder, two_windows_cross, 20, 3, BlockStep, monkeypatch
+        kernel_model.decoder, two_windows_cross, 20, 3, BlockStep, monkeypatch
     )
 
 
-def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypatch):
+def test_steps_it_does_not_take_go_the_twins_way(kernel_model, jfk_cross, monkeypatch):
     """Two caches in one step (a server's batch), and a model whose linears are float32: the
     call-by-call path, with the bits it gives alone."""
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     calls = []
     call = BlockStep.__call__
     monkeypatch.setattr(BlockStep, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
@@ -70,52 +71,9 @@ def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypa
     assert torch.equal(float32_linear, decode_steps(decoder, jfk_cross, 1, steps=2)[0])
 
 
-def _checked_guesses(decoder, cross, guesses: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A speculative check: the prompt, then two steps of ``guesses + 1`` consecutive positions of one
-    one-row cache (``decoding/speculative.py``); the logits and the Self-KV held."""
-    cache = decoder.new_cache(cross, batch_size=1)
-    logits = []
-    with torch.no_grad():
-        decoder(torch.tensor([PROMPT]), cache)
-        for first in (1002, 2010):
-            groups = [(torch.tensor([[first + j]]), cache) for j in range(guesses + 1)]
-            logits.append(decoder.forward_rows(groups))
-    return torch.stack(logits), [torch.cat([kv.key, kv.value]) for kv in cache.self_kv]
-
-
-@pytest.mark.parametrize("guesses", [1, 3])
-def test_a_speculative_check_in_one_call_per_block_gives_the_twins_bits(
-    tiny_model, jfk_cross, monkeypatch, guesses
-):
-    """k + 1 positions of one cache in one step (the float32 rows that check the int8 draft's guesses):
-    one C call per block (``wkv_block_step_chain``), the same logits and Self-KV as the twin, bit for
-    bit, and every row as a lone step of its prefix computes it (the check's exactness rests on that)."""
-    decoder = tiny_model.decoder
-    calls = []
-    call = BlockStep.__call__
-    monkeypatch.setattr(BlockStep, "__call__", lambda self, *a, **k: calls.append(k) or call(self, *a, **k))
-    fused = _checked_guesses(decoder, jfk_cross, guesses)
-    assert calls == [{"chain": True}] * (2 * len(decoder.blocks))
-    kept = [block.block_step for block in decoder.blocks]
-    try:
-        for block in decoder.blocks:
-            block.block_step = None
-        twin = _checked_guesses(decoder, jfk_cross, guesses)
-    finally:
-        for block, step in zip(decoder.blocks, kept, strict=True):
-            block.block_step = step
-    assert torch.equal(fused[0], twin[0])
-    assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
-    lone = decoder.new_cache(jfk_cross, batch_size=1)  # the first check's rows, one lone step each
-    with torch.no_grad():
-        decoder(torch.tensor([PROMPT]), lone)
-        for j in range(guesses + 1):
-            assert torch.equal(decoder.forward_rows([(torch.tensor([[1002 + j]]), lone)])[0], fused[0][0, j])
-
-
-def test_a_full_self_kv_is_refused_not_overrun(tiny_model, jfk_cross):
-    block = tiny_model.decoder.blocks[0]
-    self_kv = tiny_model.decoder.new_cache(jfk_cross).self_kv[0]
+def test_a_full_self_kv_is_refused_not_overrun(kernel_model, jfk_cross):
+    block = kernel_model.decoder.blocks[0]
+    self_kv = kernel_model.decoder.new_cache(jfk_cross).self_kv[0]
     self_kv.grow(self_kv.capacity)
     x = torch.randn(1, 1, block.attn.query.weight.shape[1])
     assert not block.block_step.takes(block, x, [1], self_kv, jfk_cross[0])
@@ -126,9 +84,10 @@ def test_a_full_self_kv_is_refused_not_overrun(tiny_model, jfk_cross):
 def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
     """``.float()`` after a step makes the blocks' structs again (the tensors are new); a float32 model
     quantised after loading steps through the int8 type's own paths, with the int8 type's tokens."""
-    from whisperkv.model.quantize import quantize_int8
+    from whisperkv.cpu.quantize import quantize_int8
 
     model = whisperkv.load_model("tiny.en")
+    use_attention_kernels(model, rows=True)  # the kernels on, whatever the CPU
     clip = str(speech_dir / "en" / "jfk.flac")
     before = [s["tokens"] for s in model.transcribe(clip)["segments"]]
     step = model.decoder.blocks[0].block_step
@@ -137,7 +96,7 @@ def test_a_moved_or_quantised_model_drops_its_structs(speech_dir):
     assert id(model.decoder.blocks[0]) not in step._prepared
     assert [s["tokens"] for s in model.transcribe(clip)["segments"]] == before
     quantize_int8(model)
-    from whisperkv.model.int8_step import Int8BlockStep, Int8StepRows
+    from whisperkv.cpu.int8_step import Int8BlockStep, Int8StepRows
 
     assert all(
         type(b.step_rows) is not StepRowsKernel and type(b.block_step) is not BlockStep

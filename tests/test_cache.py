@@ -17,6 +17,7 @@ from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.errors import CacheReuseError
 from whisperkv.inspect import inspect_caches
+from whisperkv.local_encoder import LocalEncoder
 from whisperkv.model.decoder import TextDecoder
 from whisperkv.verify import FALLBACK_BEST_OF, FALLBACK_TEMPERATURE, verify_file
 
@@ -148,7 +149,7 @@ def test_overlapping_windows_have_different_encoder_outputs(tiny_model, long_aud
 
 
 def test_store_refuses_an_overlapping_window_and_names_the_field(tiny_model, long_audio):
-    store = CacheStore()
+    store = CacheStore(LocalEncoder())
     a, a0, a1 = _window(tiny_model, long_audio, 0)
     b, b0, b1 = _window(tiny_model, long_audio, 20)
     window_a = store.encode(tiny_model, a, a0, a1)
@@ -187,7 +188,7 @@ def test_forced_invalid_reuse_diverges_and_unforced_is_refused(tiny_model, long_
     options = DecodingOptions(language="en", record_logits=True, sample_len=40)
     a, a0, a1 = _window(tiny_model, long_audio, 0)
     b, b0, b1 = _window(tiny_model, long_audio, 20)
-    store = CacheStore()
+    store = CacheStore(LocalEncoder())
     wa, wb = store.encode(tiny_model, a, a0, a1), store.encode(tiny_model, b, b0, b1)
     correct = decode_window(tiny_model, tokenizer, wb.audio_features, options, cross_kv=wb.cross_kv)
     window_a_for_b = {"cross_kv": wa.cross_kv, "encoder_provenance": wb.provenance}
@@ -319,8 +320,8 @@ def test_one_call_reorders_every_pattern_of_four_rows_as_a_gather():
     positions, in both buffers of both layers."""
     import itertools
 
-    from whisperkv.cache import reorder
     from whisperkv.cache.kv import SelfKV, reorder_moves
+    from whisperkv.cpu import reorder
 
     generator = torch.Generator().manual_seed(5)
     for parents in itertools.product(range(4), repeat=4):
@@ -342,11 +343,11 @@ def test_one_call_reorders_every_pattern_of_four_rows_as_a_gather():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_call_reorders_every_layer_as_the_twin_does(dtype):
-    """A beam step's reorder of every layer in one C call (``cache/reorder.py``, what
+    """A beam step's reorder of every layer in one C call (``cpu/reorder.py``, what
     ``DecoderCache.reorder`` calls): the keys and values the layer-by-layer twin leaves, bit for bit
     (swaps, repeated parents, rows that keep their own), and the positions past the held ones untouched."""
-    from whisperkv.cache import reorder
     from whisperkv.cache.kv import SelfKV, reorder_moves
+    from whisperkv.cpu import reorder
 
     def layers() -> list[SelfKV]:
         generator = torch.Generator().manual_seed(3)

@@ -24,7 +24,7 @@ def no_model(monkeypatch):
 
     monkeypatch.setattr(cli, "_load", refuse)
     monkeypatch.setattr(JobSpec, "load_model", refuse)
-    monkeypatch.setattr("whisperkv.model.load_model", refuse)
+    monkeypatch.setattr("whisperkv.load.load_model", refuse)
 
 
 def _main(capsys, *argv) -> tuple[int, str]:

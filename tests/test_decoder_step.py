@@ -1,5 +1,5 @@
-"""A whole decoder step in one C call (float32: ``model/decoder_step.py``, ``wkv_decoder_step``; int8:
-``model/int8_decoder_step.py``): the same logits and Self-KV, bit for bit, as its twin (the blocks'
+"""A whole decoder step in one C call (float32: ``cpu/decoder_step.py``, ``wkv_decoder_step``; int8:
+``cpu/int8_decoder_step.py``): the same logits and Self-KV, bit for bit, as its twin (the blocks'
 one-call steps, the final LayerNorm and the projection called from Python), for greedy, beam and
 batched windows and whole transcriptions; the steps it does not take go the twin's way, and bad input
 is refused before anything is written."""
@@ -13,22 +13,22 @@ import torch
 
 import whisperkv
 from tests.block_step_twins import PROMPT, cross_kv_of, decode_steps
-from whisperkv.model.attend_kernel import load_kernel
-from whisperkv.model.decoder_step import DecoderStep
-from whisperkv.model.int8_decoder_step import Int8DecoderStep
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.decoder_step import DecoderStep
+from whisperkv.cpu.int8_decoder_step import Int8DecoderStep
 
 
 @pytest.fixture(scope="module")
-def jfk_cross(tiny_model, speech_dir):
-    return cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac"])
+def jfk_cross(kernel_model, speech_dir):
+    return cross_kv_of(kernel_model, speech_dir, ["en/jfk.flac"])
 
 
 @pytest.fixture(scope="module", params=["float32", "int8"])
 def stepped(request, speech_dir):
     """(model, jfk's Cross-KV) of each type: the int8 type's where its kernels build here."""
-    model = request.getfixturevalue("tiny_model" if request.param == "float32" else "int8_model")
+    model = request.getfixturevalue("kernel_model" if request.param == "float32" else "int8_model")
     if model.decoder.decoder_step is None:
-        pytest.skip("the int8 type's step kernels are not built here (no compiler, or no AVX512-VNNI)")
+        pytest.skip("the step kernels are not built here (no compiler; for int8, no AVX512-VNNI)")
     return model, cross_kv_of(model, speech_dir, ["en/jfk.flac"])
 
 
@@ -67,20 +67,20 @@ def test_one_call_gives_the_twins_bits(stepped, monkeypatch, taken, rows):
     assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
 
 
-def test_two_windows_of_ten_beams(tiny_model, speech_dir, monkeypatch, taken):
+def test_two_windows_of_ten_beams(kernel_model, speech_dir, monkeypatch, taken):
     """The batched mode's beam search: 20 rows over two windows' Cross-KV, in one call."""
-    cross = cross_kv_of(tiny_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
-    fused = decode_steps(tiny_model.decoder, cross, 20, steps=3)
+    cross = cross_kv_of(kernel_model, speech_dir, ["en/jfk.flac", "en/ls_1089-134686-0000.flac"])
+    fused = decode_steps(kernel_model.decoder, cross, 20, steps=3)
     assert taken == [True] * 3
-    twin = _twin(tiny_model.decoder, cross, 20, 3, monkeypatch)
+    twin = _twin(kernel_model.decoder, cross, 20, 3, monkeypatch)
     assert torch.equal(fused[0], twin[0])
     assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
 
 
-def test_steps_it_does_not_take_go_the_twins_way(tiny_model, jfk_cross, monkeypatch, taken):
+def test_steps_it_does_not_take_go_the_twins_way(kernel_model, jfk_cross, monkeypatch, taken):
     """A block whose linear is held in float32 (no one-call struct for it): the whole step declines, the
     blocks step call by call, and the logits are the twin's."""
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     block = decoder.blocks[1]
     half = block.mlp[0].weight
     try:

@@ -17,10 +17,10 @@ import torch
 
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from whisperkv.cpu.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
 from whisperkv.decoding.logit_filters import TimestampRules
 from whisperkv.decoding.search import GreedySearch, argmax_rows
 from whisperkv.metrics import word_errors
-from whisperkv.model.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
 from whisperkv.model.whisper import CPU_ENCODER_GROUP
 
 from .conftest import clip_path, english_clips, torch_threads

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from whisperkv.cpu.build import SOURCES
 from whisperkv.decoding import greedy_choice as greedy_choice_module
 from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.logit_filters import SuppressBlank, SuppressTokens, TimestampRules
 from whisperkv.decoding.search import BeamSearch, GreedySearch
-from whisperkv.model.attend_kernel import SOURCES
 
 from .conftest import require_oracle, speech_audio
 

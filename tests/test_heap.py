@@ -92,8 +92,7 @@ def test_the_settings_come_after_the_weights(monkeypatch) -> None:
     before, the int8 model's load peaked 38 MB higher (584 against 546 MB), over faster-whisper int8's
     peak on a short clip in the benchmark (round 14); the load's peak itself, with and without them, is
     the slow test below."""
-    import whisperkv.model as model_module
-    import whisperkv.model.quantize as quantize_module
+    import whisperkv.load as model_module
 
     steps: list[str] = []
 
@@ -107,7 +106,7 @@ def test_the_settings_come_after_the_weights(monkeypatch) -> None:
     monkeypatch.setattr(
         model_module, "model_from_checkpoint", record("weights", model_module.model_from_checkpoint)
     )
-    monkeypatch.setattr(quantize_module, "quantize_int8", record("int8", quantize_module.quantize_int8))
+    monkeypatch.setattr(model_module, "quantize_int8", record("int8", model_module.quantize_int8))
     monkeypatch.setattr(model_module, "keep_freed_blocks", record("settings", lambda: False))
     model_module.load_model("tiny.en", compute_type="int8")
     model_module.load_model("tiny.en")

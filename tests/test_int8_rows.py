@@ -1,4 +1,4 @@
-"""The int8 type's decoder linears through the C kernel (model/int8_rows.py): float32's numbers to int8
+"""The int8 type's decoder linears through the C kernel (cpu/int8_rows.py): float32's numbers to int8
 rounding, as close as fbgemm's, each row's numbers its own whatever else is in the call."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.conftest import torch_threads
-from whisperkv.model import int8_rows
-from whisperkv.model.cpu_flags import cpu_has_avx512_vnni
-from whisperkv.model.int8_rows import Int8RowsKernel, load_rows_kernel
-from whisperkv.model.quantize import Int8Linear
+from whisperkv.cpu import int8_rows
+from whisperkv.cpu.flags import cpu_has_avx512_vnni
+from whisperkv.cpu.int8_linear import Int8Linear
+from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the kernel"
@@ -108,8 +108,8 @@ def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
     import ctypes
     import subprocess
 
-    from whisperkv.model.attend_kernel import FLAGS, SOURCES
-    from whisperkv.model.int8_rows import Int8RowsKernel
+    from whisperkv.cpu.build import FLAGS, SOURCES
+    from whisperkv.cpu.int8_rows import Int8RowsKernel
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     plain = tmp_path / "plain.so"
@@ -135,7 +135,7 @@ def test_amx_products_are_the_vnni_products(kernel):
     pass and a second pass (49+); outputs not a multiple of 16; widths 64 (one tile step) to 1536."""
     import ctypes
 
-    from whisperkv.model.attend_kernel import load_kernel
+    from whisperkv.cpu.attend import load_kernel
 
     if not kernel.amx:
         pytest.skip("no AMX here (or the system refuses its tiles): the VNNI path is the only one")

@@ -1,4 +1,4 @@
-"""The int8 type's step in C (``model/int8_step.py``): each linear with its LayerNorm, bias, GELU and
+"""The int8 type's step in C (``cpu/int8_step.py``): each linear with its LayerNorm, bias, GELU and
 residual in one call (the twin), and a block's whole step in one call with the twin's bits, for a
 greedy window and a beam-5 window; the steps it does not take go the twin's way, and the PyTorch path
 (``rows=False``) stays as the slow twin with the same words."""
@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from tests.block_step_twins import PROMPT, assert_one_call_per_block_is_the_twin, cross_kv_of, decode_steps
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.int8_decoder_step import use_int8_step
+from whisperkv.cpu.int8_step import Int8BlockStep, Int8StepRows
+from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.metrics import normalize_text
-from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
-from whisperkv.model.int8_step import Int8BlockStep, Int8StepRows, use_int8_step
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.conftest import clip_path, english_clips, torch_threads
-from whisperkv.model.attend_kernel import use_attention_kernels
-from whisperkv.model.vocab import LAYOUTS, apply_layout, choose_layout, column_major, current_layout
+from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.vocab import LAYOUTS, apply_layout, choose_layout, column_major, current_layout
 from whisperkv.weights.ctranslate2 import load_ctranslate2, model_bin_parts, read_model_bin
 
 
@@ -134,7 +134,7 @@ def test_model_split_into_parts_reads_across_the_cut(tmp_path):
 
 
 def test_numpy_projection_falls_back_for_other_dtypes():
-    from whisperkv.model.vocab import NumpyRowProjection
+    from whisperkv.cpu.vocab import NumpyRowProjection
 
     w = torch.randn(50, 8)
     proj = NumpyRowProjection(w)
@@ -224,7 +224,7 @@ def test_default_vocabulary_layout_is_fixed_not_measured(tiny_model):
 
 
 def test_chunk_widths_cover_every_row_count_with_twos_and_threes():
-    from whisperkv.model.row_gemm import chunk_widths, group_widths
+    from whisperkv.cpu.row_gemm import chunk_widths, group_widths
 
     assert chunk_widths(1) == [2] and chunk_widths(4) == [2, 2] and chunk_widths(7) == [3, 2, 2]
     for n in range(1, 40):
@@ -237,7 +237,7 @@ def test_chunk_widths_cover_every_row_count_with_twos_and_threes():
 
 
 def test_row_plan_packs_small_groups_and_keeps_large_groups_alone():
-    from whisperkv.model.row_gemm import RowWidths, plan_rows
+    from whisperkv.cpu.row_gemm import RowWidths, plan_rows
 
     widths = RowWidths(torch.randn(8, 4))
     widths.small, widths.large = (3, 2), True  # the plan itself, whatever this CPU's BLAS measured
@@ -253,7 +253,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
     """Each decoder matrix: a row's product alone equals the same row among 1..8 other windows' rows,
     a beam group's rows equal their group alone whatever is around it, and both are within float
     rounding of the reference ``x @ W.T``."""
-    from whisperkv.model.row_gemm import rows_times
+    from whisperkv.cpu.row_gemm import rows_times
 
     decoder = tiny_model.decoder
     block = decoder.blocks[1]

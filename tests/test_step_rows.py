@@ -1,4 +1,4 @@
-"""The float32 decoder step's linears in one C call each (``model/step_rows.py``, ``kernels/rows_f32.c``):
+"""The float32 decoder step's linears in one C call each (``cpu/step_rows.py``, ``kernels/rows_f32.c``):
 right against float64, a row's bits its own whatever rows and threads are beside it, and transcripts
 equal to those of its slow twin (the row GEMMs)."""
 
@@ -15,8 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import torch_threads
-from whisperkv.model.attend_kernel import SOURCES, load_kernel, use_attention_kernels
-from whisperkv.model.step_rows import StepRowsKernel, load_step_rows
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.build import SOURCES
+from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.step_rows import StepRowsKernel, load_step_rows
 
 #: (out, in) of tiny.en's and base's decoder linears, and widths not a multiple of the 4 outputs a pass
 #: computes (base's multilingual vocabulary is 51,865 tokens)
@@ -134,60 +136,63 @@ def test_widths_it_does_not_take_are_refused(kernel):
         kernel(torch.zeros(1, 20), torch.zeros(384, 20), None)
 
 
-def test_float32_models_step_through_it_and_its_twin_gives_the_same_tokens(tiny_model, speech_dir):
+def test_float32_models_step_through_it_and_its_twin_gives_the_same_tokens(kernel_model, speech_dir):
     """The slow twin: the same model with its step's linears through the row GEMMs. One step's logits
     agree to the order of the sums, and greedy and beam 5 transcripts are token for token the same."""
-    assert all(block.step_rows is not None for block in tiny_model.decoder.blocks)
+    assert all(block.step_rows is not None for block in kernel_model.decoder.blocks)
     clips = ["en/jfk.flac", "en/lj_LJ001-0002.flac"]
     tokens: dict[bool, list] = {}
     try:
         for rows in (True, False):
-            use_attention_kernels(tiny_model, rows=rows)
-            assert all((block.step_rows is not None) == rows for block in tiny_model.decoder.blocks)
+            use_attention_kernels(kernel_model, rows=rows)
+            assert all((block.step_rows is not None) == rows for block in kernel_model.decoder.blocks)
             tokens[rows] = [
-                [s["tokens"] for s in tiny_model.transcribe(str(speech_dir / c), beam_size=beam)["segments"]]
+                [
+                    s["tokens"]
+                    for s in kernel_model.transcribe(str(speech_dir / c), beam_size=beam)["segments"]
+                ]
                 for c in clips
                 for beam in (None, 5)
             ]
     finally:
-        use_attention_kernels(tiny_model)
+        use_attention_kernels(kernel_model, rows=True)
     assert tokens[True] == tokens[False]
     assert all(t for t in tokens[True])
 
 
-def test_one_steps_logits_agree_with_the_row_gemms(tiny_model, speech_dir):
+def test_one_steps_logits_agree_with_the_row_gemms(kernel_model, speech_dir):
     """Beam-5 and greedy rows of one step, batched together: logits within 1e-4 of the twin's."""
     import whisperkv
     from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     mel = pad_or_trim(log_mel_spectrogram(whisperkv.load_audio(speech_dir / "en" / "jfk.flac")), N_FRAMES)
     logits = {}
     try:
         with torch.no_grad():
             cross = decoder.project_cross_kv(
-                tiny_model.embed_audio(mel[None]), tiny_model.encoder_provenance(mel[None])
+                kernel_model.embed_audio(mel[None]), kernel_model.encoder_provenance(mel[None])
             )
             for rows in (True, False):
-                use_attention_kernels(tiny_model, rows=rows)
+                use_attention_kernels(kernel_model, rows=rows)
                 greedy, beams = decoder.new_cache(cross), decoder.new_cache(cross, batch_size=5)
                 decoder(torch.tensor([[50257, 50362, 440]]), greedy)
                 decoder(torch.tensor([[50257, 50362, 440]] * 5), beams)
                 step = [(torch.tensor([[1002]]), greedy), (torch.tensor([[1002]] * 5), beams)]
                 logits[rows] = decoder.forward_rows(step)
     finally:
-        use_attention_kernels(tiny_model)
+        use_attention_kernels(kernel_model, rows=True)
     assert logits[True].shape == (6, decoder.token_embedding.weight.shape[0])
     assert (logits[True] - logits[False]).abs().max().item() < 1e-4
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
 
 
-def test_the_vocabulary_projection_reads_through_it_and_keeps_it_when_relaid(tiny_model):
+def test_the_vocabulary_projection_reads_through_it_and_keeps_it_when_relaid(kernel_model):
     """The tied projection of a float32 model is the kernel's too (one row's logits are the row's own
     dot products), and storing the table again (``apply_layout``) keeps it."""
-    from whisperkv.model.vocab import apply_layout
+    from whisperkv.cpu.vocab import apply_layout
 
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     projection = decoder.logits_projection
     assert projection.kernel is decoder.blocks[0].step_rows is not None
     hidden = torch.randn(
@@ -203,16 +208,16 @@ def test_the_vocabulary_projection_reads_through_it_and_keeps_it_when_relaid(tin
         apply_layout(decoder, "rows-gemm")  # float32 again: the same logits
         assert decoder.logits_projection.kernel is decoder.blocks[0].step_rows
         assert torch.equal(decoder.project(hidden, [1, 1, 1]), together)
-        use_attention_kernels(tiny_model)
+        use_attention_kernels(kernel_model, rows=True)
 
 
-def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_model):
+def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(kernel_model):
     """tiny.en is stored in float16, so its float32 table holds float16 values: the kernel reads a
     float16 copy (half the bytes a step reads, half the memory) and gives the float32 table's bits. A
     table with values a float16 cannot hold stays float32."""
-    from whisperkv.model.step_rows import half_copy
+    from whisperkv.cpu.step_rows import half_copy
 
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     table = decoder.token_embedding.weight
     assert table.dtype == torch.float16 and decoder.logits_projection.weight.data_ptr() == table.data_ptr()
     hidden = torch.randn(5, table.shape[1], generator=torch.Generator().manual_seed(4))
@@ -227,11 +232,11 @@ def test_a_float16_valued_table_is_held_in_float16_with_the_same_logits(tiny_mod
     off[7, 3] += 1e-7  # not a float16 any more
     assert half_copy(off) is None
     try:
-        use_attention_kernels(tiny_model, rows=False)  # the row GEMMs read float32
+        use_attention_kernels(kernel_model, rows=False)  # the row GEMMs read float32
         assert decoder.token_embedding.weight.dtype == torch.float32
         assert torch.equal(decoder.token_embedding.weight, table.float())
     finally:
-        use_attention_kernels(tiny_model)
+        use_attention_kernels(kernel_model, rows=True)
     assert decoder.token_embedding.weight.dtype == torch.float16
 
 
@@ -244,7 +249,7 @@ def _step_linears(decoder) -> list[torch.Tensor]:
     ]
 
 
-def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywhere(tiny_model, speech_dir):
+def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywhere(kernel_model, speech_dir):
     """The step's linears of tiny.en (stored in float16) are held in float16 for the kernel: a step, a
     prompt (``forward``, which takes the kernel too) and the uncached twin (PyTorch, widening them per
     call) give the bits they give from float32 copies; the three query/key/value layers stay views of
@@ -252,9 +257,9 @@ def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywher
     cannot hold stays float32."""
     import whisperkv
     from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
-    from whisperkv.model.step_rows import _store_linears
+    from whisperkv.cpu.step_rows import _store_linears
 
-    decoder = tiny_model.decoder
+    decoder = kernel_model.decoder
     assert all(w.dtype == torch.float16 for w in _step_linears(decoder))
     attn = decoder.blocks[0].attn
     assert attn.query.weight.data_ptr() == attn.qkv.weight.data_ptr()
@@ -270,8 +275,8 @@ def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywher
         return [prefilled, stepped, uncached]
 
     with torch.no_grad():
-        features = tiny_model.embed_audio(mel[None])
-        cross = decoder.project_cross_kv(features, tiny_model.encoder_provenance(mel[None]))
+        features = kernel_model.embed_audio(mel[None])
+        cross = decoder.project_cross_kv(features, kernel_model.encoder_provenance(mel[None]))
         held = outputs()
         up = decoder.blocks[1].mlp[0]
         original = up.weight[5, 7].item()
@@ -280,10 +285,10 @@ def test_float16_valued_linears_are_held_in_float16_with_the_same_bits_everywher
             assert all(w.dtype == torch.float32 for w in _step_linears(decoder))
             for got, expected in zip(outputs(), held, strict=True):
                 assert torch.equal(got, expected)
-            use_attention_kernels(tiny_model, rows=False)  # the twin: float32, nothing to widen a step
+            use_attention_kernels(kernel_model, rows=False)  # the twin: float32, nothing to widen a step
             assert all(w.dtype == torch.float32 for w in _step_linears(decoder))
             assert attn.value.weight.data_ptr() == attn.qkv.weight.data_ptr() + 2 * 384 * 384 * 4
-            use_attention_kernels(tiny_model)
+            use_attention_kernels(kernel_model, rows=True)
             assert all(w.dtype == torch.float16 for w in _step_linears(decoder))
             _store_linears(decoder, half=False)
             up.weight[5, 7] += 1e-7  # not a float16 any more
@@ -304,6 +309,7 @@ def test_a_model_moved_after_loading_still_steps(speech_dir):
     import whisperkv
 
     model = whisperkv.load_model("tiny.en")
+    use_attention_kernels(model, rows=True)  # the kernels on, whatever the CPU
     clip = str(speech_dir / "en" / "jfk.flac")
     expected = [s["tokens"] for s in model.transcribe(clip)["segments"]]
     model.float()
@@ -320,7 +326,7 @@ def test_a_model_moved_after_loading_still_steps(speech_dir):
 
     single = prompt_logits(torch.float32)
     model.to(torch.float64)
-    assert not block._kernel_takes(torch.zeros(1, 1, 384, dtype=torch.float64))
+    assert model.decoder.plan.block(block, torch.zeros(1, 1, 384, dtype=torch.float64), [1], [], []) is None
     assert (prompt_logits(torch.float64) - single).abs().max() < 1e-3
 
 

@@ -1,4 +1,4 @@
-"""The int8 type's bfloat16 encoder attention in AMX's tiles (``model/tiled_attention.py``): as close to
+"""The int8 type's bfloat16 encoder attention in AMX's tiles (``cpu/tiled_attention.py``): as close to
 a float32 reference as SDPA's bfloat16 path (its twin), a window's numbers its own, only the shapes it
 computes taken, and the int8 type's transcripts with it those it makes with SDPA."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.conftest import int8_words, torch_threads
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 from whisperkv.metrics import word_errors
-from whisperkv.model.attend_kernel import load_kernel
 from whisperkv.model.attention import attend
-from whisperkv.model.tiled_attention import TiledEncoderAttention
 
 HEAD = 64
 

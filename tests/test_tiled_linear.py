@@ -1,4 +1,4 @@
-"""The int8 type's bfloat16 encoder linears and convolutions in AMX's tiles (``model/tiled_linear.py``):
+"""The int8 type's bfloat16 encoder linears and convolutions in AMX's tiles (``cpu/tiled_linear.py``):
 PyTorch's numbers (addmm or its convolution, then its bfloat16 GELU or add) but where a sum or GELU's far
 negative tail rounds the other way, a row's numbers its own, only what it computes taken, weights packed
 again when they change, and the int8 type's encoder and transcripts with them those of its twin, the
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import SPEECH_DIR, int8_words, torch_threads
-from whisperkv.metrics import word_errors
-from whisperkv.model.attend_kernel import load_kernel, use_attention_kernels
-from whisperkv.model.tiled_linear import (
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.tiled_linear import (
     BIAS,
     GELU,
     GELU_RESIDUAL,
@@ -26,6 +26,7 @@ from whisperkv.model.tiled_linear import (
     PackedLinear,
     TiledEncoderLinear,
 )
+from whisperkv.metrics import word_errors
 
 
 @pytest.fixture(scope="module")

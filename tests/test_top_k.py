@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from whisperkv.cpu.build import SOURCES
 from whisperkv.decoding import top_k as top_k_module
 from whisperkv.decoding.top_k import top_k
-from whisperkv.model.attend_kernel import SOURCES
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the kernel")

@@ -140,7 +140,7 @@ def test_synthetic_ctranslate2_storage_is_decoded_exactly(tmp_path, quantize):
     )
     mlp = expected["decoder/layer_0/ffn/linear_1/weight"]
     torch.testing.assert_close(sd["decoder.blocks.0.mlp.2.weight"], torch.from_numpy(mlp), rtol=0, atol=0)
-    model = whisperkv.model.model_from_checkpoint(ckpt)
+    model = whisperkv.load.model_from_checkpoint(ckpt)
     assert model.embed_audio(torch.zeros(1, 4, 3000)).shape == (1, 1500, 8)
 
 

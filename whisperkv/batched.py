@@ -76,6 +76,7 @@ from whisperkv.decoding.decode import decode_windows
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 from whisperkv.engine.segments import cut_segments
+from whisperkv.local_encoder import LocalEncoder
 from whisperkv.tokenizer import LANGUAGES
 from whisperkv.transcribe import DEFAULT_TEMPERATURES, decode_with_fallback
 
@@ -279,7 +280,7 @@ class _Run:
         self.model, self.tokenizer, self.options, self.speech = model, tokenizer, options, speech
         self.compression_ratio_threshold, self.logprob_threshold, self.no_speech_threshold = thresholds
         self.timestamps, self.hold_end = timestamps, hold_end
-        self.store = CacheStore(max_entries=1)
+        self.store = CacheStore(LocalEncoder(), max_entries=1)
         self.segments: list[dict] = []
         self.fallbacks = 0
         self.batches: list[int] = []

@@ -67,7 +67,7 @@ def _readable_inputs(paths: Sequence[str]) -> list[str]:
 def _load(args):
     import torch
 
-    from whisperkv.model import load_model
+    from whisperkv.load import load_model
 
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)

@@ -26,6 +26,7 @@ from whisperkv.cache.store import CacheStore, WindowEncoder
 from whisperkv.decoding.decode import decode_window, initial_tokens
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.local_encoder import LocalEncoder
 from whisperkv.transcribe import decode_with_fallback
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def verify_file(model: Whisper, path: str, beam_size: int | None = None, languag
     audio = load_audio(path)
     mel = log_mel_spectrogram(audio, model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-1] - N_FRAMES
-    store = CacheStore(max_entries=2)
+    store = CacheStore(LocalEncoder(), max_entries=2)
     paths: dict[str, dict] = {}
 
     def merge(name: str, report: dict) -> None:
@@ -191,7 +192,7 @@ def add_remote_path(
     language = language or report.get("language") or "en"
     tokenizer = model.tokenizer.with_options(language=language)
     options = DecodingOptions(language=language, beam_size=beam_size, record_logits=True)
-    local_store, remote_store = CacheStore(max_entries=1), CacheStore(max_entries=1, encoder=encoder)
+    local_store, remote_store = CacheStore(LocalEncoder(), max_entries=1), CacheStore(encoder, max_entries=1)
     out = {"identical": True, "tokens": 0, "max_abs_logit_diff": 0.0, "max_abs_cross_kv_diff": 0.0}
     for seek in range(0, max(content_frames, 1), N_FRAMES):
         size = min(N_FRAMES, content_frames - seek) if content_frames else N_FRAMES

@@ -39,7 +39,7 @@ class JobSpec:
     def load_model(self) -> Whisper:
         import torch
 
-        from whisperkv.model import load_model
+        from whisperkv.load import load_model
 
         if self.threads:
             torch.set_num_threads(self.threads)

@@ -13,11 +13,11 @@ Memory: a cache of B rows, L layers, T positions, width d and s bytes per elemen
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from whisperkv.cache import reorder
 from whisperkv.cache.provenance import CrossKVProvenance, SelfKVProvenance
 from whisperkv.errors import CacheReuseError
 
@@ -32,7 +32,8 @@ class LayerShape:
 class CrossKV:
     """Keys and values of one decoder layer's cross-attention over one encoder output.
 
-    Built only by ``project``; there is no method that writes into it afterwards. Beams of the same
+    Built from the decoder's projection of one encoder output (``TextDecoder.project_cross_kv``);
+    there is no method that writes into it afterwards. Beams of the same
     audio share one CrossKV: attention groups their queries instead of copying the keys.
     """
 
@@ -40,36 +41,6 @@ class CrossKV:
         self.key = key
         self.value = value
         self.provenance = provenance
-
-    @classmethod
-    def project(
-        cls,
-        attention: torch.nn.Module,
-        audio_features: torch.Tensor,
-        provenance: CrossKVProvenance,
-        dtype: torch.dtype | None = None,
-    ) -> CrossKV:
-        """Project the encoder output once through this layer's cross-attention key/value linears.
-
-        ``dtype``, when given, is the dtype the keys/values are held in (bfloat16 for the int8 type).
-        A batch of windows is projected one window at a time on the CPU: an int8 projection of 16
-        windows at once was 3x slower than 16 single ones (activations far outside the caches).
-        """
-        dtype = dtype or audio_features.dtype
-        with torch.no_grad():
-            if audio_features.shape[0] > 1 and audio_features.device.type == "cpu":
-                parts = [[t.to(dtype) for t in attention.project_kv(row)] for row in audio_features.split(1)]
-                key, value = torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])
-            else:
-                key, value = (t.to(dtype) for t in attention.project_kv(audio_features))
-        return cls(key, value, provenance)
-
-    def to(self, dtype: torch.dtype) -> CrossKV:
-        """The same projections held in ``dtype`` (a cheaper reader's copy: the speculative draft's),
-        with the same provenance: the keys and values of the same encoder output, rounded."""
-        if self.key.dtype == dtype:
-            return self
-        return CrossKV(self.key.to(dtype), self.value.to(dtype), self.provenance)
 
     def rows(self, index: torch.Tensor) -> CrossKV:
         """The same projections for only the audio rows in ``index`` (a batch minus its finished rows)."""
@@ -156,7 +127,7 @@ class SelfKV:
     @property
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole key and value buffers [B, H, capacity, d/H], for a kernel that writes the next
-        position itself (``model/block_step.py``) and then calls ``grow``."""
+        position itself (``cpu/block_step.py``) and then calls ``grow``."""
         return self._key, self._value
 
     def grow(self, n: int) -> None:
@@ -171,8 +142,8 @@ class SelfKV:
             )
 
     def truncate(self, length: int) -> None:
-        """Hold only the first ``length`` positions (a speculative position that was not taken); the
-        buffer keeps its place, and the next ``append`` overwrites what lay beyond."""
+        """Hold only the first ``length`` positions; the buffer keeps its place, and the next
+        ``append`` overwrites what lay beyond."""
         if not 0 <= length <= self.length:
             raise ValueError(f"Self-KV of layer {self.layer} holds {self.length} positions, not {length}")
         self.length = length
@@ -234,7 +205,14 @@ class DecoderCache:
     prefix it was built from (its provenance) and refuse to serve another one.
     """
 
-    def __init__(self, self_kv: list[SelfKV], cross_kv: list[CrossKV]) -> None:
+    def __init__(
+        self,
+        self_kv: list[SelfKV],
+        cross_kv: list[CrossKV],
+        reorder_layers: Callable[[list[SelfKV], list[tuple[int, int]]], bool] | None = None,
+    ) -> None:
+        """``reorder_layers``: a backend's reorder of every layer at once (``StepPlan.reorder``), which
+        may decline (False); without one, or where it declines, layer by layer."""
         if len(self_kv) != len(cross_kv):
             raise ValueError("one SelfKV and one CrossKV per decoder layer")
         owners = {kv.provenance.encoder.request_id for kv in cross_kv}
@@ -249,6 +227,7 @@ class DecoderCache:
         batch = self_kv[0].shape[0] if self_kv else 0
         self.tokens = torch.zeros(batch, 0, dtype=torch.long)
         self.peak_self_kv_nbytes = 0
+        self._reorder_layers = reorder_layers
 
     @property
     def offset(self) -> int:
@@ -263,20 +242,13 @@ class DecoderCache:
         self.tokens = torch.cat([self.tokens, tokens.to("cpu")], dim=1)
         self.peak_self_kv_nbytes = max(self.peak_self_kv_nbytes, self.self_kv_nbytes)
 
-    def truncate(self, length: int) -> None:
-        """Forget every position from ``length`` on, in each layer and in the recorded prefix."""
-        for kv in self.self_kv:
-            kv.truncate(length)
-        self.tokens = self.tokens[:, :length]
-
     def reorder(self, rows: torch.Tensor) -> None:
-        """Beams follow their parents: row i of every layer takes what row ``rows[i]`` held. A beam
-        step's (the row count stays) in one C call for every layer where it takes them
-        (``cache/reorder.py``); else layer by layer (its twin)."""
+        """Beams follow their parents: row i of every layer takes what row ``rows[i]`` held: through
+        the backend's reorder of every layer at once where it takes them (a beam step's, the row count
+        kept: ``cpu/reorder.py``); else layer by layer (its twin)."""
         moves = reorder_moves(rows)  # once for every layer (used where the row count stays)
-        if reorder.takes(self.self_kv, rows.shape[0]):
-            reorder.reorder_layers(self.self_kv, moves)
-        else:
+        fast = self._reorder_layers
+        if fast is None or rows.shape[0] != self.batch_size or not fast(self.self_kv, moves):
             for kv in self.self_kv:
                 kv.reorder(rows, moves)
         self.tokens = self.tokens.index_select(0, rows.to("cpu"))

@@ -5,9 +5,10 @@ same weights, the same log-Mel window (by content digest), the same window posit
 audio, front-end settings, dtype and device. An offered cache whose provenance differs is refused
 with ``CacheReuseError`` naming the field — there is no "close enough".
 
-What computes a missing window is pluggable (``WindowEncoder``): ``LocalEncoder`` runs the encoder and
-projects the Cross-KV in this process; ``whisperkv.boundary.RemoteEncoder`` asks a worker across a trust
-boundary and opens what it sends back sealed. A window that arrived as Cross-KV only has no encoder
+What computes a missing window is given to the store (``WindowEncoder``): ``LocalEncoder``
+(``whisperkv/local_encoder.py``) runs the encoder and projects the Cross-KV in this process;
+``whisperkv.boundary.RemoteEncoder`` asks a worker across a trust boundary and opens what it sends
+back sealed; the store runs neither itself. A window that arrived as Cross-KV only has no encoder
 output here: its ``audio_features`` is empty ([1, 0, d]) and ``has_features`` is False; decoding and
 word alignment read only the Cross-KV.
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from whisperkv.boundary.costs import WindowCosts, stopwatch
+from whisperkv.boundary.costs import WindowCosts
 from whisperkv.cache.kv import CrossKV
 from whisperkv.cache.provenance import EncoderProvenance, first_difference
 from whisperkv.errors import CacheReuseError
@@ -61,30 +62,14 @@ class WindowEncoder(Protocol):
     ) -> EncodedWindow: ...
 
 
-class LocalEncoder:
-    """Today's path: ``model.embed_audio`` then ``model.decoder.project_cross_kv``, in this process."""
-
-    def encode(
-        self, model: Whisper, mel: torch.Tensor, provenance: EncoderProvenance, reason: str = ""
-    ) -> EncodedWindow:
-        with stopwatch() as encoder_ms:
-            features = model.embed_audio(mel)
-        with stopwatch() as projection_ms:
-            cross_kv = model.decoder.project_cross_kv(features, provenance)
-        costs = WindowCosts(
-            provenance.window_start,
-            provenance.window_end,
-            "local",
-            encoder_ms=encoder_ms[0],
-            projection_ms=projection_ms[0],
-        )
-        return EncodedWindow(provenance, features, cross_kv, costs)
-
-
 @dataclass
 class CacheStore:
-    """Per-job store. Not shared between jobs, so concurrent decodes never see each other's caches."""
+    """Per-job store. Not shared between jobs, so concurrent decodes never see each other's caches.
 
+    ``encoder`` computes a missing window (``whisperkv.local_encoder.LocalEncoder`` in this process):
+    the store itself runs nothing, it records and checks."""
+
+    encoder: WindowEncoder
     max_entries: int = 4
     #: the request this store computes for; written into every provenance it makes
     request_id: str = ""
@@ -92,12 +77,7 @@ class CacheStore:
     hits: list[str] = field(default_factory=list)
     misses: int = 0
     refusals: list[str] = field(default_factory=list)
-    encoder: WindowEncoder | None = field(default_factory=LocalEncoder)
     window_costs: list[WindowCosts] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.encoder is None:  # callers pass their ``encoder=`` option through as it is
-            self.encoder = LocalEncoder()
 
     def encode(
         self, model: Whisper, mel: torch.Tensor, window_start: int, window_end: int, reason: str = ""

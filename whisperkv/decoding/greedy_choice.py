@@ -32,9 +32,9 @@ import math
 import numpy as np
 import torch
 
+from whisperkv.cpu.attend import load_kernel
 from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
 from whisperkv.decoding.search import BeamSearch, GreedySearch
-from whisperkv.model.attend_kernel import load_kernel
 
 FUSABLE_FILTERS = (SuppressBlank, SuppressTokens, TimestampRules)
 NEG_INF = float("-inf")

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from whisperkv.model.attend_kernel import load_kernel
+from whisperkv.cpu.attend import load_kernel
 
 MAX_K = 63  # MAXK - 1 in top_k.c
 

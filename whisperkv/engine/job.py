@@ -33,6 +33,7 @@ from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
 from whisperkv.engine.options import TranscribeOptions, fallback_options
 from whisperkv.engine.segments import cut_segments, drop_hallucinations
+from whisperkv.local_encoder import LocalEncoder
 from whisperkv.tokenizer import LANGUAGES
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class Job:
         # otherwise it is not needed again); provenance names this request. The seek only moves forward,
         # and a window's task holds it while it is decoded, retried and aligned: one entry, so a finished
         # window's Cross-KV is freed before the next window is encoded, not after
-        self.store = CacheStore(max_entries=1, request_id=request_id, encoder=options.encoder)
+        self.store = CacheStore(options.encoder or LocalEncoder(), max_entries=1, request_id=request_id)
         self.content_frames = self.source.content_frames
         self.content_duration = float(self.content_frames * HOP_LENGTH / SAMPLE_RATE)
         self.input_stride = N_FRAMES // model.dims.n_audio_ctx  # Mel frames per encoder position: 2

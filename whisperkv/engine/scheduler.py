@@ -5,14 +5,13 @@ A tick, top to bottom:
 2. give every job without a window its next one: encode it (through the job's ``CacheStore``, which
    names the request in every provenance), then prefill its prompt alone — it joins the next step;
 3. ONE decoder step for every active row of every job (``TextDecoder.forward_rows``), in chunks of at
-   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV (a window
-   with an int8 draft adds rows for its guesses, ``decoding/speculative.py``); then the vocabulary:
-   every logit for beam / sampled rows (one product), the int8 screen for greedy rows;
+   most ``max_batch`` rows: each window's rows keep their own positions, Self-KV and Cross-KV; then
+   the vocabulary, one product for every row;
 4. windows whose rows finished leave at once: their caches are freed and the result goes back to its
    job, which asks for a temperature retry, moves on to its next window, or is done.
 
 The job is the long-form loop (``job.py``); the scheduler only decides what runs together. A job's
-result does not depend on what else is in the batch (see ``model/row_gemm.py``).
+result does not depend on what else is in the batch (see ``cpu/row_gemm.py``).
 """
 
 from __future__ import annotations
@@ -80,8 +79,6 @@ class Scheduler:
             "tokens_total": 0,
             "self_kv_bytes": 0,
             "cross_kv_bytes": 0,
-            "draft_guesses": 0,  # speculative windows (``decoding/speculative.py``): guesses checked,
-            "draft_accepted": 0,  # and how many were the tokens chosen
             "heap_trims": 0,  # idle spells after which the heap's free memory went back to the kernel
         }
 
@@ -249,7 +246,6 @@ class Scheduler:
                     entry.task.window,
                     job.request_id,
                     job.generator,
-                    exact_near=job.options.logprob_threshold,
                 )
                 entry.rows.prefill()
             except Exception as err:  # noqa: BLE001 - the job fails, the loop and the other jobs go on
@@ -265,7 +261,7 @@ class Scheduler:
         live = [a for a in self._active if a.rows is not None and not a.rows.done]
         steps: list[tuple[_Active, list]] = []
         for entry in live:
-            try:  # a window with a draft guesses here: its step may feed two rows of its cache
+            try:
                 steps.append((entry, entry.rows.step_inputs()))
             except Exception as err:  # noqa: BLE001 - this job fails; the loop and the others go on
                 self._fail(entry, err)
@@ -288,8 +284,7 @@ class Scheduler:
             self._stats["last_batch_rows"] = last
             if steps:
                 self._stats["steps_total"] += 1
-                # every row of a window took as many tokens as its window made steps (two or more
-                # after a right guess of the draft); a window that failed this step took none
+                # every row of a window took one token; a window that failed this step took none
                 self._stats["tokens_total"] += sum(
                     (a.rows.steps - before) * a.rows.rows
                     for (a, _), before in zip(steps, steps_before, strict=True)
@@ -297,57 +292,20 @@ class Scheduler:
                 )
 
     def _step_chunk(self, chunk: list[tuple[_Active, list]]) -> None:
-        """The chunk's rows through the decoder at once; then the vocabulary: every logit for the rows
-        that need them (one product), the int8 screen for greedy rows (``decoding/screened.py``)."""
-        decoder = self.model.decoder
+        """The chunk's rows through the decoder at once (one product for the vocabulary); then each
+        window takes its step's tokens from its rows of the logits, in chunk order."""
         try:
-            groups = [g for _, window_groups in chunk for g in window_groups]
-            if all(a.rows.screened is None for a, _ in chunk):  # every row's logits: the common step
-                self._advance_chunk(chunk, decoder.forward_rows(groups), None, None, None)
-                return
-            hidden = decoder.forward_rows(groups, project=False)
-            sizes = [[tokens.shape[0] for tokens, _ in groups] for _, groups in chunk]
-            starts = [0]
-            for group_sizes in sizes:
-                starts.append(starts[-1] + sum(group_sizes))
-            full = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is None]
-            screened = [i for i, (a, _) in enumerate(chunk) if a.rows.screened is not None]
-            logits = screened_rows = None
-            if full:  # the other windows' rows, gathered: every logit
-                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in full])
-                logits = decoder.project(hidden[rows], [n for i in full for n in sizes[i]])
-            if screened:
-                assert decoder.vocab_screen is not None
-                screened_rows = decoder.vocab_screen.approximate(hidden[[starts[i] for i in screened]])
+            logits = self.model.decoder.forward_rows([g for _, window_groups in chunk for g in window_groups])
         except Exception as err:  # noqa: BLE001 - every window of this step fails; the loop goes on
             for entry, _ in chunk:
                 self._fail(entry, err)
             return
-        self._advance_chunk(chunk, logits, hidden, screened_rows, screened)
-
-    def _advance_chunk(
-        self,
-        chunk: list[tuple[_Active, list]],
-        logits: torch.Tensor | None,
-        hidden: torch.Tensor | None,
-        screened_rows: Any,
-        screened: list[int] | None,
-    ) -> None:
-        """Each window of the chunk takes its step's tokens: from its rows of ``logits`` (the unscreened
-        windows' rows, in chunk order), or (a screened window) from its first row of ``hidden`` (every
-        window's rows, in chunk order) and the screen's ``screened_rows``."""
-        at = taken = 0  # the window's first row in ``hidden``; in ``logits``
-        for i, (entry, groups) in enumerate(chunk):
+        taken = 0
+        for entry, groups in chunk:
             n = sum(tokens.shape[0] for tokens, _ in groups)
-            first, at = at, at + n
-            full = entry.rows.screened is None
-            if full:
-                rows, taken = logits[taken : taken + n], taken + n  # counted even if this window fails
+            rows, taken = logits[taken : taken + n], taken + n  # counted even if this window fails
             try:
-                if full:
-                    entry.rows.advance(rows)
-                else:
-                    entry.rows.advance_screened(hidden[first], screened_rows, screened.index(i))
+                entry.rows.advance(rows)
             except Exception as err:  # noqa: BLE001
                 self._fail(entry, err)
 
@@ -356,10 +314,6 @@ class Scheduler:
         for entry in [a for a in self._active if a.rows is not None and a.rows.done]:
             try:
                 result = entry.rows.result()
-                if entry.rows.guesses is not None:
-                    with self._lock:
-                        self._stats["draft_guesses"] += entry.rows.guesses.guessed
-                        self._stats["draft_accepted"] += entry.rows.guesses.accepted
                 entry.rows.release()
                 entry.rows = None
                 entry.task = entry.job.window_done(entry.task, result)  # a retry, or None: next window

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from whisperkv.explain.trace import trace_window
-    from whisperkv.model import load_model
+    from whisperkv.load import load_model
 
     if args.beam_size is not None and args.beam_size < 1:
         print(f"whisperkv: error: --beam_size must be at least 1, got {args.beam_size}", file=sys.stderr)

@@ -104,7 +104,7 @@ class WhisperModel:
         use_auth_token: str | bool | None = None,
         **model_kwargs: Any,
     ) -> None:
-        from whisperkv.model import load_model
+        from whisperkv.load import load_model
 
         if compute_type not in COMPUTE_TYPES:
             raise ValueError(f"unknown compute_type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")

@@ -16,12 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from whisperkv.model.row_gemm import FusedRowGemm, linear_rows
-
 
 class AttentionKernel(Protocol):
     """Another way to compute ``attend`` for the shapes it ``accepts`` (``attend_through``): the int8
-    type's decoder-step kernel (``model/attend_kernel.py``), its encoder's ``HeadByHeadAttention``."""
+    type's decoder-step kernel (``cpu/attend.py``), its encoder's ``HeadByHeadAttention``."""
 
     def accepts(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None
@@ -40,6 +38,8 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(n_state, n_state)
         #: query|key|value as one projection (set by ``fuse_qkv``): one weight read instead of three
         self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: what built ``qkv`` (``fuse_qkv``'s ``make_linear``): to build it again after a move
+        self._make_qkv: Callable | None = None
         #: the int8 type's attention for this layer's shapes (``AttentionKernel``), or None: SDPA only
         self.kernel: AttentionKernel | None = None
 
@@ -62,6 +62,7 @@ class MultiHeadAttention(nn.Module):
         )
         self.query.bias = nn.Parameter(bias[:n], requires_grad=False)
         self.value.bias = nn.Parameter(bias[2 * n :], requires_grad=False)
+        self._make_qkv = make_linear
         if make_linear is None:
             self.qkv = functools.partial(F.linear, weight=weight, bias=bias)
         else:
@@ -69,7 +70,7 @@ class MultiHeadAttention(nn.Module):
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The query|key|value weights as one [3d, d] matrix and their biases as one vector (the key has
-        no bias: zeros there), new tensors: what ``fuse_qkv`` and the int8 draft (``model/draft.py``)
+        no bias: zeros there), new tensors: what ``fuse_qkv`` and the int8 draft (``cpu/draft.py``)
         build their one projection from."""
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach()
         bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias]).detach()
@@ -77,12 +78,12 @@ class MultiHeadAttention(nn.Module):
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
         """After ``.to()`` / ``.half()`` the three layers hold new tensors: fuse them again, as the same
-        kind of projection (a decoder's row GEMMs, whose weight the step rows kernel reads, stay so)."""
+        kind of projection where that kind says it can be rebuilt (``rebuilds_after_move``: a decoder's
+        row GEMMs, whose weight the step rows kernel reads, stay so; int8 ones are not moved)."""
         super()._apply(fn, recurse)
-        if isinstance(self.qkv, FusedRowGemm):
-            self.fuse_qkv(FusedRowGemm)
-        elif isinstance(self.qkv, functools.partial):
-            self.fuse_qkv()
+        make = self._make_qkv
+        if self.qkv is not None and (make is None or getattr(make, "rebuilds_after_move", False)):
+            self.fuse_qkv(make)
         return self
 
     def project_qkv(
@@ -90,7 +91,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [B, T, d] and head-split keys/values [B, H, T, d/H] (views) of ``x`` [B, T, d].
 
-        ``sizes``: how a decoder step's rows group into caches (``model/row_gemm.py``).
+        ``sizes``: how a decoder step's rows group into caches (``cpu/row_gemm.py``).
         """
         if self.qkv is None:
             q, k, v = self.query(x), self.key(x), self.value(x)
@@ -102,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         """Keys and values of ``x`` [B, T, d], split into heads: [B, H, T, d/H], contiguous.
 
         Caches hold them in this layout so every read is a plain view, never a per-step copy.
-        Linears held in bfloat16 (the int8 type's Cross-KV projection, ``model/quantize.py``) take
+        Linears held in bfloat16 (the int8 type's Cross-KV projection, ``cpu/quantize.py``) take
         ``x`` cast to it (a float32 model's float16-held linears widen their weight instead).
         """
         weight = getattr(self.key, "weight", None)
@@ -158,44 +159,6 @@ def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     return heads(x, n_head).contiguous()
 
 
-class HeadByHeadAttention:
-    """The bfloat16 encoder's self-attention (the int8 type's, on a CPU with native bfloat16), one
-    window and head at a time: two bfloat16 matrix products and a softmax over 1,500 x 1,500 scores.
-
-    Why: SDPA took as long over bfloat16 as over float32 here (23 ms a layer, tiny.en); this takes the
-    int8 type's encoder from 170-176 to 133-138 ms a window (``benchmarks/profile_step.py
-    --compute_type int8``, with and without ``--sdpa``). The scores are rounded to bfloat16 before
-    the softmax (SDPA keeps them in float32): the encoder output's mean distance to float32's grew by
-    2 % (0.0110 against 0.0107 on a clip), its WER is measured (``benchmarks/bench.py``). One head's
-    scores are 4.5 MB, so the whole 27 MB score matrix of a window is never held at once; a window's
-    numbers do not depend on the others in its batch.
-
-    Not where the CPU has AMX (``use_attention_kernels``): on round 14-15's Intel VM SDPA's bfloat16
-    path took 7.3 ms a layer against 20.6 head by head (torch 2.13, 2 threads; scratch, round 15), the
-    int8 type's encoder 62-73 against 85-117 ms a window, and its output was as close to float32's
-    (mean distance 0.01168 against 0.01171 on jfk)."""
-
-    def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
-        return (
-            causal_offset is None
-            and q.dtype == k.dtype == v.dtype == torch.bfloat16
-            and q.dim() == 3
-            and q.shape[0] == k.shape[0]
-            and q.shape[1] == k.shape[2] > 1
-        )
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, t, d = q.shape
-        n_head, width = k.shape[1], k.shape[3]
-        queries = heads(q, n_head) * width**-0.5  # 1/8 for every Whisper model: exact in bfloat16
-        out = q.new_empty(b, t, n_head, width)
-        for i in range(b):
-            for h in range(n_head):
-                scores = torch.matmul(queries[i, h], k[i, h].transpose(0, 1))
-                out[i, :, h] = torch.matmul(torch.softmax(scores, dim=-1), v[i, h])
-        return out.reshape(b, t, d)
-
-
 def attend_through(
     kernel: AttentionKernel | None,
     q: torch.Tensor,
@@ -234,3 +197,11 @@ def attend(
     qh = q.view(bk, group * tq, n_head, d // n_head).transpose(1, 2)
     out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)
     return out.transpose(1, 2).reshape(b, tq, d).to(out_dtype)
+
+
+def linear_rows(layer: object, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+    """``layer(x)``, telling layers that group a step's rows by cache (``groups_rows``: the CPU
+    backend's row GEMMs and int8 linears) how the rows are grouped; other layers ignore it."""
+    if sizes is not None and getattr(layer, "groups_rows", False):
+        return layer(x, sizes)
+    return layer(x)  # type: ignore[operator]

@@ -12,7 +12,7 @@ Two ways to run it, which must give the same tokens:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,18 +20,38 @@ from torch import nn
 
 from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
 from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
-from whisperkv.model.attention import AttentionKernel, MultiHeadAttention, heads
+from whisperkv.model.attention import AttentionKernel, MultiHeadAttention, linear_rows
 from whisperkv.model.encoder import mlp
-from whisperkv.model.int8_step import Int8StepRows
-from whisperkv.model.row_gemm import linear_rows
-from whisperkv.model.vocab import ChunkedRowProjection
-from whisperkv.model.vocab_screen import VocabScreen
 
-if TYPE_CHECKING:
-    from whisperkv.model.block_step import BlockStep
-    from whisperkv.model.decoder_step import DecoderStep
-    from whisperkv.model.draft import DraftDecoder
-    from whisperkv.model.step_rows import StepRowsKernel
+
+class StepPlan(Protocol):
+    """How a backend runs the decoder's steps, chosen once at load (the CPU's: ``cpu/plan.py``).
+
+    Each method returns None where the plan does not take the rows (another dtype or device, a shape
+    its kernels do not cover): the decoder then runs its own PyTorch below, the reference every plan
+    is proven against. A decoder without a plan runs only that."""
+
+    def block(
+        self,
+        block: DecoderBlock,
+        x: torch.Tensor,
+        sizes: list[int],
+        self_kvs: list[SelfKV],
+        cross_kvs: list[CrossKV],
+    ) -> torch.Tensor | None:
+        """``block.forward_rows`` (or ``forward``: ``x`` [B, T, d] of one cache)."""
+
+    def step(self, decoder: TextDecoder, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor | None:
+        """A whole step's logits for one cache's new tokens [rows, 1]."""
+
+    def logits(self, decoder: TextDecoder, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor | None:
+        """The final LayerNorm and the vocabulary projection of rows ``x``."""
+
+    def reorder(self, self_kvs: list[SelfKV], moves: list[tuple[int, int]]) -> bool:
+        """Every layer's Self-KV rows follow ``moves`` in one go; False: not taken (layer by layer)."""
+
+    def forget(self, decoder: TextDecoder) -> None:
+        """The decoder's tensors are about to be replaced (``.to()``): drop what points at them."""
 
 
 class DecoderBlock(nn.Module):
@@ -43,18 +63,6 @@ class DecoderBlock(nn.Module):
         self.cross_attn = MultiHeadAttention(n_state, n_head)
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
-        #: CPU steps' linears in one C call each (float32: ``model/step_rows.py``; int8:
-        #: ``model/int8_step.py``), or None: row GEMMs (float32), PyTorch between the kernels (int8)
-        self.step_rows: StepRowsKernel | Int8StepRows | None = None
-        #: with ``step_rows``: one cache's step of the whole block in one C call (``model/block_step.py``)
-        self.block_step: BlockStep | None = None
-
-    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
-        """After ``.to()`` / ``.float()`` the block holds new tensors: the one-call step's struct of
-        pointers to the old ones goes."""
-        if self.block_step is not None:
-            self.block_step.forget(self)
-        return super()._apply(fn, recurse)
 
     def forward(
         self,
@@ -63,8 +71,6 @@ class DecoderBlock(nn.Module):
         cross_kv: CrossKV,
         collect_weights: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        if self._kernel_takes(x) and collect_weights is None:  # a prompt, or a per-step loop's step
-            return self._forward_rows_kernel(x, [x.shape[0]], [self_kv], [cross_kv])
         offset = self_kv.length
         q, k, v = self.attn.project_qkv(self.attn_ln(x))
         self_kv.append(k, v)  # the Self-KV grows by the new positions, in place
@@ -80,53 +86,18 @@ class DecoderBlock(nn.Module):
     ) -> torch.Tensor:
         """One new position for rows of several caches: ``x`` [N, 1, d], cache i owning ``sizes[i]`` rows.
 
-        The linears and the MLP run once over all N rows; attention runs per cache, each over its own
-        Self-KV length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
-        Through ``step_rows`` (each linear with its LayerNorm, bias, GELU and residual in one C call)
-        where the block has it; else through the row GEMMs (float32) or PyTorch's operations between the
-        int8 kernels (int8): its slow twin.
+        The linears and the MLP run once over all N rows (``linear_rows``: layers that group rows by
+        cache keep each cache's numbers its own); attention runs per cache, each over its own Self-KV
+        length and its own window's Cross-KV, with the shapes a lone decode of that cache uses.
         """
-        if self._kernel_takes(x):
-            return self._forward_rows_kernel(x, sizes, self_kvs, cross_kvs)
         q, k, v = self.attn.project_qkv(self.attn_ln(x), sizes)
-        x = x + linear_rows(self.attn.out, self._self_attention(q, k, v, sizes, self_kvs), sizes)
+        x = x + linear_rows(self.attn.out, self.attend_self(q, k, v, sizes, self_kvs), sizes)
         q = linear_rows(self.cross_attn.query, self.cross_attn_ln(x), sizes)
-        x = x + linear_rows(self.cross_attn.out, self._cross_attention(q, sizes, cross_kvs), sizes)
+        x = x + linear_rows(self.cross_attn.out, self.attend_cross(q, sizes, cross_kvs), sizes)
         up, activation, down = self.mlp
         return x + linear_rows(down, activation(linear_rows(up, self.mlp_ln(x), sizes)), sizes)
 
-    def _kernel_takes(self, x: torch.Tensor) -> bool:
-        """Whether this block's linears run through ``step_rows`` for ``x``: float32 CPU rows (a model
-        moved to another dtype or device after loading keeps PyTorch's paths)."""
-        return self.step_rows is not None and x.dtype == torch.float32 and x.device.type == "cpu"
-
-    def _forward_rows_kernel(
-        self, x: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV], cross_kvs: list[CrossKV]
-    ) -> torch.Tensor:
-        """``forward_rows`` (or ``forward``: ``x`` [B, T, d], one cache) with six C calls for the
-        linears (``model/step_rows.py``), each over all B x T positions as rows."""
-        step = self.block_step
-        if step is not None and step.takes(self, x, sizes, self_kvs[0], cross_kvs[0]):
-            return step(self, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
-        if step is not None and step.takes_chain(self, x, sizes, self_kvs, cross_kvs):
-            return step(self, x, self_kvs[0], cross_kvs[0], chain=True)  # a speculative check, from C
-        rows, (b, t, d) = self.step_rows, x.shape
-        x = x.reshape(b * t, d)
-        qkv = rows.through(x, self.attn.qkv, norm=self.attn_ln).view(b, t, 3 * d)
-        n_head = self.attn.n_head
-        q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], n_head), heads(qkv[..., 2 * d :], n_head)
-        out = self.attn.out
-        attended = self._self_attention(q, k, v, sizes, self_kvs).reshape(b * t, d)
-        x = rows.through(attended, out, residual=x)
-        query, out = self.cross_attn.query, self.cross_attn.out
-        q = rows.through(x, query, norm=self.cross_attn_ln).view(b, t, d)
-        attended = self._cross_attention(q, sizes, cross_kvs).reshape(b * t, d)
-        x = rows.through(attended, out, residual=x)
-        up, _, down = self.mlp
-        hidden = rows.through(x, up, norm=self.mlp_ln, gelu=True)
-        return rows.through(hidden, down, residual=x).view(b, t, d)
-
-    def _self_attention(
+    def attend_self(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], self_kvs: list[SelfKV]
     ) -> torch.Tensor:
         """Each cache's rows: their keys/values appended to its Self-KV, then attended over it [N, T, d]."""
@@ -139,7 +110,7 @@ class DecoderBlock(nn.Module):
             start += size
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # one cache: no copy
 
-    def _cross_attention(self, q: torch.Tensor, sizes: list[int], cross_kvs: list[CrossKV]) -> torch.Tensor:
+    def attend_cross(self, q: torch.Tensor, sizes: list[int], cross_kvs: list[CrossKV]) -> torch.Tensor:
         """Each cache's rows attended over its window's Cross-KV [N, T, d]."""
         outs, start = [], 0
         for size, cross_kv in zip(sizes, cross_kvs, strict=True):
@@ -180,18 +151,18 @@ class TextDecoder(nn.Module):
         self.logits_projection: nn.Module | None = None
         #: dtype the Self-KV and Cross-KV are held in; None means the weights' dtype
         self.kv_dtype: torch.dtype | None = None
-        #: the int8 screen of the float32 table greedy steps use (``model/vocab_screen.py``), or None
-        self.vocab_screen: VocabScreen | None = None
-        #: the int8 draft whose guesses greedy steps check two at a time (``model/draft.py``), or None
-        self.draft: DraftDecoder | None = None
-        #: with the blocks' one-call steps: a whole step of one cache in one C call
-        #: (``model/decoder_step.py``), or None
-        self.decoder_step: DecoderStep | None = None
+        #: how a backend runs the steps (``StepPlan``, set at load), or None: the PyTorch here only
+        self.plan: StepPlan | None = None
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        """After ``.to()`` / ``.float()`` the decoder holds new tensors: the plan lets go of the old."""
+        if self.plan is not None:
+            self.plan.forget(self)
+        return super()._apply(fn, recurse)
 
     @property
     def attention_kernel(self) -> AttentionKernel | None:
-        """The kernel the blocks' steps attend through (the int8 type's, ``model/attend_kernel.py``), read
-        from the blocks themselves; None: SDPA."""
+        """The kernel the blocks' steps attend through, read from the blocks themselves; None: SDPA."""
         return self.blocks[0].cross_attn.kernel if len(self.blocks) else None
 
     @property
@@ -203,11 +174,26 @@ class TextDecoder(nn.Module):
     ) -> list[CrossKV]:
         """Every layer's Cross-KV for one encoder output: projected once, then only read."""
         return [
-            CrossKV.project(
-                block.cross_attn, audio_features, CrossKVProvenance(encoder_provenance, i), self.kv_dtype
+            CrossKV(
+                *self._cross_keys(block.cross_attn, audio_features), CrossKVProvenance(encoder_provenance, i)
             )
             for i, block in enumerate(self.blocks)
         ]
+
+    @torch.no_grad()
+    def _cross_keys(
+        self, attention: MultiHeadAttention, audio_features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's cross-attention keys and values of the encoder output, held in ``kv_dtype``
+        (bfloat16 for the int8 type). A batch of windows is projected one window at a time on the CPU:
+        an int8 projection of 16 windows at once was 3x slower than 16 single ones (activations far
+        outside the caches)."""
+        dtype = self.kv_dtype or audio_features.dtype
+        if audio_features.shape[0] > 1 and audio_features.device.type == "cpu":
+            parts = [[t.to(dtype) for t in attention.project_kv(row)] for row in audio_features.split(1)]
+            return torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])
+        key, value = attention.project_kv(audio_features)
+        return key.to(dtype), value.to(dtype)
 
     def new_cache(self, cross_kv: list[CrossKV], batch_size: int | None = None) -> DecoderCache:
         """An empty Self-KV per layer beside the given Cross-KV.
@@ -222,7 +208,7 @@ class TextDecoder(nn.Module):
             SelfKV(i, rows, self.n_ctx, width, key.dtype, key.device, n_head=key.shape[1])
             for i in range(len(self.blocks))
         ]
-        return DecoderCache(selfs, cross_kv)
+        return DecoderCache(selfs, cross_kv, self.plan.reorder if self.plan is not None else None)
 
     def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         end = offset + tokens.shape[-1]
@@ -238,31 +224,30 @@ class TextDecoder(nn.Module):
         return embedded + positions.to(embedded.dtype)
 
     def _logits(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
-        kernel = self._norm_kernel(x)
-        if kernel is None:
-            return self.project(self.ln(x), sizes)
-        # the LayerNorm inside the projection's call, as the one-call step makes it
-        if isinstance(self.logits_projection, ChunkedRowProjection):
-            return self.logits_projection(x, sizes, norm=self.ln)
-        rows = x.reshape(-1, x.shape[-1])  # the int8 type's vocabulary through its linears' kernel
-        return kernel.through(rows, self.logits_projection, norm=self.ln).view(*x.shape[:-1], -1)
+        if self.plan is not None:
+            logits = self.plan.logits(self, x, sizes)
+            if logits is not None:
+                return logits
+        return self.project(self.ln(x), sizes)
 
-    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm of rows ``x``: the step kernel's where it projects them (the bits ``_logits``
-        and the one-call step project), else PyTorch's."""
-        kernel = self._norm_kernel(x)
-        return kernel.layer_norm(x, self.ln) if kernel is not None else self.ln(x)
-
-    def _norm_kernel(self, x: torch.Tensor) -> StepRowsKernel | Int8StepRows | None:
-        """The step's linears kernel where it projects rows ``x`` (float32 CPU rows): then it also
-        normalises them, with the LayerNorm it gives every block's linears. None: PyTorch's LayerNorm."""
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            return None
-        projection = self.logits_projection
-        if isinstance(projection, ChunkedRowProjection):
-            return projection.kernel
-        rows = self.blocks[0].step_rows if len(self.blocks) else None
-        return rows if isinstance(rows, Int8StepRows) and rows.takes(projection) else None
+    def _block(
+        self,
+        i: int,
+        x: torch.Tensor,
+        sizes: list[int] | None,
+        self_kvs: list[SelfKV],
+        cross_kvs: list[CrossKV],
+    ) -> torch.Tensor:
+        """Block ``i`` on rows ``x``: through the plan where it takes them, else the block's PyTorch
+        (``sizes`` None: ``x`` [B, T, d] of one cache, ``DecoderBlock.forward``)."""
+        block = self.blocks[i]
+        if self.plan is not None:
+            out = self.plan.block(block, x, sizes or [x.shape[0]], self_kvs, cross_kvs)
+            if out is not None:
+                return out
+        if sizes is None:
+            return block(x, self_kvs[0], cross_kvs[0])
+        return block.forward_rows(x, sizes, self_kvs, cross_kvs)
 
     def project(self, hidden: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         """Logits of rows already through the final LayerNorm: the tied vocabulary projection."""
@@ -279,39 +264,33 @@ class TextDecoder(nn.Module):
         matrix of a small model — to the rows the caller reads, e.g. only the last one of a long prompt.
         """
         x = self._embed(tokens, cache.offset)
-        for block, self_kv, cross_kv in zip(self.blocks, cache.self_kv, cache.cross_kv):
-            x = block(x, self_kv, cross_kv)
+        for i, (self_kv, cross_kv) in enumerate(zip(cache.self_kv, cache.cross_kv, strict=True)):
+            x = self._block(i, x, None, [self_kv], [cross_kv])
         cache.record_tokens(tokens)
         if positions is not None:
             x = x[:, positions]
         return self._logits(x)
 
-    def forward_rows(
-        self, groups: list[tuple[torch.Tensor, DecoderCache]], project: bool = True
-    ) -> torch.Tensor:
+    def forward_rows(self, groups: list[tuple[torch.Tensor, DecoderCache]]) -> torch.Tensor:
         """One decoder step for several caches at once: logits [sum of rows, vocab], cache by cache.
-
-        ``project=False`` returns the rows before the vocabulary projection, after the final LayerNorm
-        ([sum of rows, d]): a caller that screens the vocabulary (``model/vocab_screen.py``) projects
-        only the rows that need every logit, with ``project``.
 
         ``groups`` pairs each cache with its rows' next tokens [rows, 1]. Each row is embedded at its
         own cache's position (a cache in several consecutive groups takes that many consecutive
-        positions, in order: a speculative check, ``decoding/speculative.py``); attention stays within
-        each cache (see ``DecoderBlock.forward_rows``);
-        every linear, the MLP and the vocabulary projection run once for all rows, as GEMMs cut along
-        the caches' row groups (``model/row_gemm.py``) so that no row's numbers depend on the other
-        caches in the step.
+        positions, in order); attention stays within each cache (see ``DecoderBlock.forward_rows``);
+        every linear, the MLP and the vocabulary projection run once for all rows, cut along the
+        caches' row groups (``linear_rows``) so that no row's numbers depend on the other caches in
+        the step. One cache: the plan's whole step, where it has one.
         """
-        if project and len(groups) == 1 and self.decoder_step is not None:  # one cache: one C call
-            logits = self.decoder_step.logits(self, *groups[0])
+        if len(groups) == 1 and self.plan is not None:
+            logits = self.plan.step(self, *groups[0])
             if logits is not None:
                 return logits
         sizes = [tokens.shape[0] for tokens, _ in groups]
         positions = _positions(groups)
         x = torch.cat([self._embed(tokens, at) for (tokens, _), at in zip(groups, positions, strict=True)])
-        for i, block in enumerate(self.blocks):
-            x = block.forward_rows(
+        for i in range(len(self.blocks)):
+            x = self._block(
+                i,
                 x,
                 sizes,
                 [cache.self_kv[i] for _, cache in groups],
@@ -319,8 +298,6 @@ class TextDecoder(nn.Module):
             )
         for tokens, cache in groups:
             cache.record_tokens(tokens)
-        if not project:
-            return self._final_norm(x)[:, -1]
         return self._logits(x, sizes)[:, -1]
 
     def forward_uncached(self, tokens: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ final LayerNorm.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,19 @@ from torch import nn
 
 from whisperkv.model.attention import MultiHeadAttention
 
-if TYPE_CHECKING:
-    from whisperkv.model.tiled_linear import EncoderBlockTiles, EncoderFrontTiles
+
+class BlockRunner(Protocol):
+    """Another way to run an encoder block (a backend's, set at load: ``cpu/tiled_linear.py``)."""
+
+    def forward(self, block: EncoderBlock, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class FrontRunner(Protocol):
+    """Another way to run the convolutions and positions, for the windows it ``accepts``."""
+
+    def accepts(self, mel: torch.Tensor) -> bool: ...
+
+    def forward(self, encoder: AudioEncoder, mel: torch.Tensor) -> torch.Tensor: ...
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -41,8 +52,8 @@ class EncoderBlock(nn.Module):
         self.attn = MultiHeadAttention(n_state, n_head)
         self.mlp_ln = nn.LayerNorm(n_state)
         self.mlp = mlp(n_state)
-        #: the int8 type's linears in AMX tiles (``model/tiled_linear.py``), or None: PyTorch's, the twin
-        self.tiles: EncoderBlockTiles | None = None
+        #: a backend's way to run the block (the int8 type's AMX tiles), or None: PyTorch's, the twin
+        self.tiles: BlockRunner | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
@@ -60,8 +71,8 @@ class AudioEncoder(nn.Module):
         self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
         self.blocks = nn.ModuleList(EncoderBlock(n_state, n_head) for _ in range(n_layer))
         self.ln_post = nn.LayerNorm(n_state)
-        #: the int8 type's convolutions in AMX tiles (``model/tiled_linear.py``), or None: PyTorch's
-        self.front: EncoderFrontTiles | None = None
+        #: a backend's way to run the convolutions (the int8 type's AMX tiles), or None: PyTorch's
+        self.front: FrontRunner | None = None
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         if self.front is not None and self.front.accepts(mel):

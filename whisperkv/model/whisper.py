@@ -1,7 +1,9 @@
 """Whisper = AudioEncoder + TextDecoder + the facts needed to use them (dims, tokenizer, heads).
 
 Weights are plain tensors loaded once; the model holds no per-decode state, so one instance can
-serve many concurrent decodes (each decode owns its own ``DecoderCache``).
+serve many concurrent decodes (each decode owns its own ``DecoderCache``). openai-whisper's
+``model.decode`` / ``model.transcribe`` / ``model.detect_language`` are bound onto the class by the
+package's front (``whisperkv/__init__.py``): the network never imports the decoding loop.
 """
 
 from __future__ import annotations
@@ -9,9 +11,8 @@ from __future__ import annotations
 import hashlib
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -136,20 +137,3 @@ class Whisper(nn.Module):
     def forward(self, mel: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``model(mel, tokens)`` as in openai-whisper: encode the windows, then :meth:`logits`."""
         return self.logits(tokens, self.embed_audio(mel))
-
-    def decode(self, mel: torch.Tensor, options: Any = None, **kwargs: Any) -> Any:
-        """``whisperkv.decode(self, mel, options)``, as openai-whisper's ``model.decode``."""
-        from whisperkv.decoding.decode import decode
-
-        return decode(self, mel, options, **kwargs)
-
-    def transcribe(self, audio: str | np.ndarray | torch.Tensor, **options: Any) -> dict:
-        """Transcribe a file path or a 16 kHz float32 waveform; options as in openai-whisper."""
-        from whisperkv.transcribe import transcribe
-
-        return transcribe(self, audio, **options)
-
-    def detect_language(self, audio_or_mel: Any) -> tuple[str, dict[str, float]]:
-        from whisperkv.decoding.language import detect_language
-
-        return detect_language(self, audio_or_mel)

@@ -167,7 +167,7 @@ def _serve_on(sock: Any, args: argparse.Namespace) -> int:
     import uvicorn
 
     from whisperkv.engine import Scheduler
-    from whisperkv.model import load_model
+    from whisperkv.load import load_model
     from whisperkv.net_bind import listening_url
     from whisperkv.serve.app import create_app
     from whisperkv.serve.limits import limits_from_args

@@ -49,7 +49,7 @@ NO_INPUT = (
 
 
 def run(args: argparse.Namespace) -> int:
-    from whisperkv.model import load_model
+    from whisperkv.load import load_model
     from whisperkv.options_check import OptionError
     from whisperkv.stream.clock import RealtimeClock, SimulatedClock
     from whisperkv.stream.local_decoder import LocalDecoder

@@ -32,6 +32,7 @@ from whisperkv.cache.provenance import CrossKVProvenance, EncoderProvenance
 from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.decoding.decode import decode_window, initial_tokens
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.local_encoder import LocalEncoder
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments, split_segments
 from whisperkv.stream.prompt_decode import PromptState, decode_greedy, prompt_provenance
 from whisperkv.stream.reuse import ReuseLedger
@@ -61,7 +62,9 @@ class LocalDecoder:
         self.temperatures = list(temperatures)
         self.naive_reuse = naive_reuse
         # one stream is one request: its provenance records name it, and nothing it holds serves another
-        self.store = CacheStore(max_entries=2, request_id=request_id or f"stream-{uuid.uuid4().hex[:12]}")
+        self.store = CacheStore(
+            LocalEncoder(), max_entries=2, request_id=request_id or f"stream-{uuid.uuid4().hex[:12]}"
+        )
         self.ledger = ReuseLedger(self.store)
         self.previous: EncodedWindow | None = None
         self.previous_was_fresh = False
@@ -87,7 +90,7 @@ class LocalDecoder:
             window=self.previous,
             store=self.store,
         )
-        self.store = CacheStore(max_entries=2, request_id=self.store.request_id)
+        self.store = CacheStore(LocalEncoder(), max_entries=2, request_id=self.store.request_id)
         self.ledger = ReuseLedger(self.store)
         self.previous, self.previous_was_fresh, self.prompt_state = None, False, None
         self.encodes = self.updates = self.stale_updates = 0

@@ -118,7 +118,7 @@ def _tensor(variables: dict[str, np.ndarray], name: str, column_major: bool = Fa
     """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale.
 
     ``column_major`` converts a matrix straight into column-major storage (a [rows, cols] view of a
-    contiguous [cols, rows] buffer) without a row-major copy on the way: see ``model/vocab.py``.
+    contiguous [cols, rows] buffer) without a row-major copy on the way: see ``cpu/vocab.py``.
     """
     if name not in variables:
         raise ModelLoadError(f"model.bin has no variable {name}")
@@ -225,7 +225,7 @@ def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict
         _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}")
     _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
 
-    # the tied vocabulary table, row-major: the default layout reads it so (``model/vocab.py``)
+    # the tied vocabulary table, row-major: the default layout reads it so (``cpu/vocab.py``)
     sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
     sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
     for i in range(n_dec):

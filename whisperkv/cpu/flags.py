@@ -1,0 +1,41 @@
+"""What this CPU can do, read once from /proc/cpuinfo: the int8 type's choices and its kernels' builds
+depend on it (``cpu/quantize.py``, ``cpu/attend.py``, ``cpu/int8_rows.py``)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` line of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_vnni() -> bool:
+    """True when int8 dot products accumulate in 32 bits without saturating (AVX512-VNNI / AVX-VNNI)."""
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
+
+
+def cpu_has_amx_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 tiles (AMX): SDPA's bfloat16 path is fast here."""
+    return "amx_bf16" in cpu_flags()
+
+
+def cpu_has_avx512f() -> bool:
+    """True when the float32 step kernels' 512-bit paths run here (without them their plain C loops
+    are slower than PyTorch's GEMMs: ``cpu/plan.py``)."""
+    return "avx512f" in cpu_flags()
+
+
+def cpu_has_avx512_vnni() -> bool:
+    """True when the int8 rows kernel's fast path (512-bit ``vpdpbusd``) runs here."""
+    return {"avx512f", "avx512_vnni"} <= cpu_flags()

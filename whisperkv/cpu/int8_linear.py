@@ -1,0 +1,102 @@
+"""The int8 compute type's layers: a linear with int8 weights (one scale per output row) and an int8
+token embedding. Why and where they are used: ``cpu/quantize.py``."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from whisperkv.cpu.flags import cpu_has_vnni
+from whisperkv.cpu.int8_rows import Int8RowsKernel
+from whisperkv.cpu.row_int8 import quantize_rows, row_scales
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with W stored as int8, one scale per output row (symmetric, no zero point).
+
+    Activations are quantised dynamically to 8 bits over their full range; with VNNI the products
+    cannot saturate, so the reduced 7-bit range older CPUs need is not used there. ``kernel`` (the
+    decoder's layers, where the C kernel builds): each row quantised on its own, through
+    ``cpu/int8_rows.py``; otherwise PyTorch's quantized linear (fbgemm), one scale for all rows.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Int8RowsKernel | None = None
+    ) -> None:
+        super().__init__()
+        weight = weight.detach().float()
+        self.in_features = weight.shape[1]
+        self.out_features = weight.shape[0]
+        scales = row_scales(weight)
+        self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
+        if self.kernel is not None:
+            qweight = quantize_rows(weight, scales)
+            self._row_sums = qweight.sum(dim=1, dtype=torch.int32)
+            self._scales = scales
+            self._bias = None if bias is None else bias.detach().float().contiguous()
+            self._packed = self.kernel.pack(qweight)
+            return
+        zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantised tensor types announce their future move
+            qweight = torch.quantize_per_channel(weight, scales.double(), zero_points, 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(
+                qweight, None if bias is None else bias.detach().float()
+            )
+        self.reduce_range = not cpu_has_vnni()
+        op = torch.ops.quantized.linear_dynamic.default
+        self._op = getattr(op, "_op", op)  # the bound C++ kernel: skips ~4 µs of Python dispatch per call
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: Int8RowsKernel | None = None) -> Int8Linear:
+        return cls(linear.weight, linear.bias, kernel)
+
+    @property
+    def nbytes(self) -> int:
+        return self.in_features * self.out_features  # one byte per weight (scales and bias aside)
+
+    #: ``linear_rows`` passes how a step's rows group into caches (``cpu/row_gemm.py``)
+    groups_rows = True
+
+    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self._packed, self._scales, self._row_sums, self._bias, self.out_features)
+        return self._fbgemm(x, sizes)
+
+    def _fbgemm(self, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+        """fbgemm quantises all the rows of a call with one scale, so one call per group whose numbers
+        must not depend on the others: each cache's rows of a decoder step (``sizes``), else each
+        window of a batch (``x`` [B, T, d]). One call for all made a window encoded in a batch differ
+        from it encoded alone by up to 8.2 in its features (AVX2 CPU, tiny.en, round 48)."""
+        if sizes is None:
+            sizes = [1] * x.shape[0] if x.dim() == 3 else [x.shape[0]]
+        if len(sizes) == 1:
+            return self._op(x, self._packed, self.reduce_range)
+        return torch.cat([self._op(part, self._packed, self.reduce_range) for part in x.split(sizes)])
+
+    def extra_repr(self) -> str:
+        how = "rows kernel" if self.kernel is not None else "fbgemm"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row, {how}"
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding rows stored as int8 with one scale per row, dequantised on lookup.
+
+    The int8 type's logits already come from an int8 copy of this table; keeping the float32 table as
+    well only for the lookup of one token per step held 80 MB (tiny.en) for nothing.
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        weight = weight.detach()
+        scale = row_scales(weight)
+        qweight = quantize_rows(weight, scale)
+        scale = scale[:, None]
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.embedding_dim = weight.shape[1]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.qweight[tokens].float() * self.scale[tokens]

@@ -1,0 +1,151 @@
+/* The int8 type's bfloat16 encoder linears through AMX's bfloat16 tiles, each with what follows it.
+ *
+ * Through PyTorch a bfloat16 linear of the encoder is three passes over its output: the bias copied into
+ * it, oneDNN's product added to it, then GELU (the MLP's first linear) or the residual add (the
+ * attention's output projection, the MLP's second) as another pass. Here each thread takes 32 rows of
+ * the input at a time and makes their output 32 columns at a time in four float32 tiles (two of the
+ * input's rows by two of the weight's columns, `tdpbf16ps` over the whole width), then finishes those
+ * 32 x 32 while they are in its cache: bias added and rounded to bfloat16 (what addmm gives), GELU on
+ * that, rounded again (what PyTorch's bfloat16 GELU gives), and/or the residual added, rounded again (its
+ * bfloat16 add). The encoder's two convolutions are such products too, over overlapping rows of their
+ * input laid out position by position (cpu/tiled_linear.py). The roundings are PyTorch's; only the products' sum order is not oneDNN's, so an
+ * output rounds the other way now and then: the twin is the PyTorch path, tested close against a
+ * float32 reference; the int8 type's words are measured (benchmarks/bench.py).
+ * Built by cpu/build.py into the kernels' library. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx.h"
+#include "avx512_math.h"
+
+#if defined(WKV_AMX_TILES) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define WKV_AMX_BF16_LINEAR 1
+#endif
+
+#define TILE 512 /* bfloat16 elements in one 16 x 64-byte tile */
+
+enum { EPILOGUE_BIAS = 0, EPILOGUE_GELU = 1, EPILOGUE_RESIDUAL = 2, EPILOGUE_GELU_RESIDUAL = 3 };
+
+#ifdef WKV_AMX_BF16_LINEAR
+static inline __m512 widen(__m256i bf16) /* 16 bfloat16 to float32, exactly */
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+static inline __m256i narrow(__m512 x) /* float32 to bfloat16, to nearest even (PyTorch's rounding) */
+{
+    return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* Rows [0, rows) of a 32 x 32 block of products ``c`` (float32, 32 apart) finished into ``out``. */
+static void finish_block(const float *c, long rows, const float *bias, int epilogue, const uint16_t *residual,
+                         long res_stride, uint16_t *out, long out_stride)
+{
+    const __m512 half = _mm512_set1_ps(0.5f), root_half = _mm512_set1_ps(0.70710678118654752f);
+    for (long r = 0; r < rows; r++)
+        for (int j = 0; j < 32; j += 16) {
+            __m256i y = narrow(_mm512_add_ps(_mm512_load_ps(c + r * 32 + j), _mm512_loadu_ps(bias + j)));
+            if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) {
+                const __m512 v = widen(y);
+                const __m512 erf = erf_ps(_mm512_mul_ps(v, root_half));
+                y = narrow(_mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(erf, _mm512_set1_ps(1.0f))));
+            }
+            if (epilogue == EPILOGUE_RESIDUAL || epilogue == EPILOGUE_GELU_RESIDUAL) {
+                const __m256i res = _mm256_loadu_si256((const __m256i *)(residual + r * res_stride + j));
+                y = narrow(_mm512_add_ps(widen(res), widen(y)));
+            }
+            _mm256_storeu_si256((__m256i *)(out + r * out_stride + j), y);
+        }
+}
+#endif
+
+/* Whether this build and this process can run wkv_encoder_linear_bf16. */
+int wkv_encoder_linear_available(void)
+{
+#ifdef WKV_AMX_BF16_LINEAR
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* out[m][n] = epilogue(sum_k x[m][k] w[n][k] + bias[n]) for m < M, n < N, bfloat16 in and out: x row m at
+ * x + m * x_stride; the weight packed as [N / 16][K / 32][16 pairs of k][16 n][2] (cpu/tiled_linear.py);
+ * bias N float32 (bfloat16 values); epilogue 0 bias only, 1 GELU, 2 plus residual[m][n] (at
+ * residual + m * res_stride), 3 GELU then plus the residual (the encoder's second convolution and its
+ * positional embedding). N and K multiples of 32. Returns 1, 0 where this build or process has no
+ * AMX (``out`` untouched), -1 out of memory. */
+int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, const uint16_t *packed, long N,
+                            const float *bias, int epilogue, const uint16_t *residual, long res_stride,
+                            uint16_t *out, long out_stride)
+{
+#ifdef WKV_AMX_BF16_LINEAR
+    if (!amx_permitted() || M < 1 || N % 32 || K % 32) return 0;
+    const long steps = K / 32, blocks = (M + 31) / 32;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *blocks_c = aligned_alloc(64, 2 * 32 * 32 * 4); /* two blocks' products: see below */
+        uint16_t *tail = aligned_alloc(64, (size_t)32 * K * 2);
+        if (!blocks_c || !tail) failed = 1;
+        else amx_configure();
+        /* blocks of 32 rows handed out as threads come free (a server's other threads share the cores) */
+#pragma omp for schedule(dynamic)
+        for (long block = 0; block < blocks; block++) {
+            if (failed) continue;
+            const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
+            const uint16_t *a = x + m0 * x_stride;
+            long lda = x_stride;
+            if (rows < 32) { /* the last rows, padded with zeros: a tile reads 16 whole rows */
+                memset(tail, 0, (size_t)32 * K * 2);
+                for (long r = 0; r < rows; r++) memcpy(tail + r * K, a + r * x_stride, (size_t)K * 2);
+                a = tail;
+                lda = K;
+            }
+            /* each 32 x 32 block's products are issued before the previous block is finished, so the
+             * tile unit multiplies while the vector unit finishes (the two run side by side) */
+            for (long n0 = 0; n0 <= N; n0 += 32) {
+                float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
+                if (n0 < N) {
+                    const uint16_t *b0 = packed + (n0 / 16) * steps * TILE, *b1 = b0 + steps * TILE;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    for (long s = 0; s < steps; s++) {
+                        _tile_loadd(4, a + s * 32, lda * 2);
+                        _tile_loadd(5, a + 16 * lda + s * 32, lda * 2);
+                        _tile_loadd(6, b0 + s * TILE, 64);
+                        _tile_loadd(7, b1 + s * TILE, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                if (n0 > 0) {
+                    const long p0 = n0 - 32;
+                    finish_block(blocks_c + (p0 / 32 % 2) * 32 * 32, rows, bias + p0, epilogue,
+                                 residual ? residual + m0 * res_stride + p0 : NULL, res_stride,
+                                 out + m0 * out_stride + p0, out_stride);
+                }
+                if (n0 < N) {
+                    _tile_stored(0, c, 32 * 4); /* tile numbers are constants: no loop */
+                    _tile_stored(1, c + 16, 32 * 4);
+                    _tile_stored(2, c + 16 * 32, 32 * 4);
+                    _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+                }
+            }
+        }
+        if (!failed) _tile_release();
+        free(blocks_c);
+        free(tail);
+    }
+    return failed ? -1 : 1;
+#else
+    (void)x, (void)M, (void)K, (void)x_stride, (void)packed, (void)N, (void)bias, (void)epilogue;
+    (void)residual, (void)res_stride, (void)out, (void)out_stride;
+    return 0;
+#endif
+}

@@ -1,0 +1,200 @@
+"""The CPU backend's step plan: which of its kernels run a model's steps, chosen once at load.
+
+``use_attention_kernels`` decides (from the compute type, the CPU and whether the kernels' library
+built) and sets what it chose on the model: the attention kernel on each attention layer, the linears'
+kernel and the one-call block step on each decoder block, the whole-step kernel on the decoder, the
+encoder's AMX tiles; then it gives the decoder one ``CpuStepPlan``, the object the decoder calls
+through (``model/decoder.py``: ``StepPlan``). Whatever the plan declines runs as the decoder's own
+PyTorch, the reference twin. The choice changes the model's numbers, so it is named in the weights
+digest every cache's provenance carries.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from whisperkv.cpu import reorder as layer_reorder
+from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f
+from whisperkv.cpu.head_by_head import HeadByHeadAttention
+from whisperkv.cpu.int8_decoder_step import use_int8_step
+from whisperkv.cpu.int8_step import Int8StepRows
+from whisperkv.cpu.step_rows import use_step_rows
+from whisperkv.cpu.tiled_attention import TiledEncoderAttention
+from whisperkv.cpu.tiled_linear import EncoderBlockTiles, EncoderFrontTiles, TiledEncoderLinear
+from whisperkv.cpu.vocab import ChunkedRowProjection
+from whisperkv.model.attention import heads
+
+if TYPE_CHECKING:
+    from whisperkv.cache.kv import CrossKV, DecoderCache, SelfKV
+    from whisperkv.model.decoder import DecoderBlock, TextDecoder
+    from whisperkv.model.whisper import Whisper
+
+ATTENTION_MARK = "+attention("  # which attention made a model's numbers, in its weights digest
+
+
+class CpuStepPlan:
+    """The decoder's steps through the kernels set on its modules (``use_attention_kernels``): each
+    block's linears in one C call each (``block.step_rows``: ``cpu/step_rows.py``, ``cpu/int8_step.py``),
+    a lone cache's block in one call (``block.block_step``), a lone cache's whole step
+    (``decoder.decoder_step``), the final LayerNorm inside the vocabulary's call, and the beam step's
+    Self-KV reorder (``cpu/reorder.py``). Float32 CPU rows only: other rows are declined (None)."""
+
+    def block(
+        self,
+        block: DecoderBlock,
+        x: torch.Tensor,
+        sizes: list[int],
+        self_kvs: list[SelfKV],
+        cross_kvs: list[CrossKV],
+    ) -> torch.Tensor | None:
+        """``forward_rows`` with six C calls for the linears, each over all B x T positions as rows (or
+        one call for the whole block, where a lone cache's step takes it)."""
+        rows = getattr(block, "step_rows", None)
+        if rows is None or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        step = getattr(block, "block_step", None)
+        if step is not None and step.takes(block, x, sizes, self_kvs[0], cross_kvs[0]):
+            return step(block, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
+        b, t, d = x.shape
+        x = x.reshape(b * t, d)
+        attn, cross = block.attn, block.cross_attn
+        qkv = rows.through(x, attn.qkv, norm=block.attn_ln).view(b, t, 3 * d)
+        q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], attn.n_head), heads(qkv[..., 2 * d :], attn.n_head)
+        attended = block.attend_self(q, k, v, sizes, self_kvs).reshape(b * t, d)
+        x = rows.through(attended, attn.out, residual=x)
+        q = rows.through(x, cross.query, norm=block.cross_attn_ln).view(b, t, d)
+        attended = block.attend_cross(q, sizes, cross_kvs).reshape(b * t, d)
+        x = rows.through(attended, cross.out, residual=x)
+        up, _, down = block.mlp
+        hidden = rows.through(x, up, norm=block.mlp_ln, gelu=True)
+        return rows.through(hidden, down, residual=x).view(b, t, d)
+
+    def step(self, decoder: TextDecoder, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor | None:
+        """A lone cache's whole step in one C call (``cpu/decoder_step.py``), where it takes it."""
+        whole = getattr(decoder, "decoder_step", None)
+        return None if whole is None else whole.logits(decoder, tokens, cache)
+
+    def logits(self, decoder: TextDecoder, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor | None:
+        """The final LayerNorm inside the vocabulary projection's call, as the one-call step makes it:
+        the float32 type's table (rows-gemm layout) or the int8 type's linear through the step's kernel."""
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        projection = decoder.logits_projection
+        if isinstance(projection, ChunkedRowProjection):
+            return projection(x, sizes, norm=decoder.ln) if projection.kernel is not None else None
+        rows = getattr(decoder.blocks[0], "step_rows", None) if len(decoder.blocks) else None
+        if not isinstance(rows, Int8StepRows) or not rows.takes(projection):
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        return rows.through(flat, projection, norm=decoder.ln).view(*x.shape[:-1], -1)
+
+    def reorder(self, self_kvs: list[SelfKV], moves: list[tuple[int, int]]) -> bool:
+        """Every layer's Self-KV reordered in one C call, where it takes them."""
+        if not layer_reorder.takes(self_kvs, self_kvs[0].buffers[0].shape[0] if self_kvs else 0):
+            return False
+        layer_reorder.reorder_layers(self_kvs, moves)
+        return True
+
+    def forget(self, decoder: TextDecoder) -> None:
+        """The one-call block step's structs point at the blocks' tensors: they go before a move."""
+        for block in decoder.blocks:
+            step = getattr(block, "block_step", None)
+            if step is not None:
+                step.forget(block)
+
+
+def use_attention_kernels(
+    model: Whisper,
+    on: bool = True,
+    bfloat16_caches: bool = True,
+    rows: bool | None = None,
+    head_by_head: bool | None = None,
+    tiles: bool = True,
+    linears: bool = True,
+) -> None:
+    """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
+
+    Decoder steps attend through the C kernel where it builds, for both CPU compute types: float32
+    (``load_model`` turns it on) and int8. The int8 type also holds its Self-KV and Cross-KV in
+    bfloat16 (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
+    bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
+    call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
+    (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
+    faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). With
+    AMX it runs in the kernels' bfloat16 tiles (``cpu/tiled_attention.py``, round 18) unless ``tiles``
+    is False (then SDPA, its twin), and so do its linears with their bias, GELU and residual add
+    (``cpu/tiled_linear.py``, round 19) unless ``linears`` or ``tiles`` is False (then PyTorch's, their
+    twin). The float32 encoder keeps SDPA and PyTorch's linears.
+
+    The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
+    (``cpu/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
+    ``verify``, and a test of the kernel against SDPA on the same model). The choice changes the
+    model's numbers, so it is part of the weights digest every cache's provenance carries: an encoder
+    output or a cache made one way is never taken for one made the other way (across the trust
+    boundary, too). A float32 model with SDPA keeps its plain digest.
+
+    ``rows`` (float32, with the kernel): each linear of a decoder step, with its LayerNorm, bias, GELU and
+    residual, in one C call (``cpu/step_rows.py``); ``rows=False`` keeps the row GEMMs, its slow twin.
+    ``rows=None`` (the default) takes the kernel where the CPU has AVX-512 only: its plain C loops
+    elsewhere are slower than the GEMMs (2-core AVX2 EPYC, tiny.en, an engine step of one row: 62 ms
+    through the kernel, 14 ms through the row GEMMs; ``benchmarks/profile_step.py``).
+    The digest names it too ("linears kernel"; "final norm kernel": the LayerNorm before the vocabulary
+    is the kernel's too, ``TextDecoder._logits``)."""
+    int8 = model.compute_type == "int8"
+    if not int8 and (model.device.type != "cpu" or model.dtype != torch.float32):
+        raise ValueError(
+            f"the attention kernel is for float32 and int8 models on the CPU, not {model.dtype} "
+            f"on {model.device.type}"
+        )
+    digest = model.weights_digest.split(ATTENTION_MARK)[0]  # of the weights as loaded (float32)
+    kernel = load_kernel() if on else None
+    for block in model.decoder.blocks:
+        block.attn.kernel = block.cross_attn.kernel = kernel
+    # the step's linears and vocabulary: the kernels, or the row GEMMs (float32) / PyTorch between the
+    # int8 kernels, their twins
+    if rows is None:
+        rows = int8 or cpu_has_avx512f()
+    use = use_int8_step if int8 else use_step_rows
+    step_rows = use(model.decoder, on=kernel is not None and rows)
+    caches = int8 and kernel is not None and bfloat16_caches
+    model.decoder.kv_dtype = torch.bfloat16 if caches else None
+    model.decoder.plan = CpuStepPlan()
+    encoder = _plan_encoder(model, kernel, int8 and on, head_by_head, tiles, linears)
+    if not int8 and kernel is None:
+        model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
+        return
+    decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
+    # the step kernel's final LayerNorm is its own (round 21; PyTorch's before): other numbers
+    decoder += ", linears kernel, final norm kernel" if step_rows is not None else ""
+    model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
+
+
+def _plan_encoder(
+    model: Whisper, kernel: object, int8_on: bool, head_by_head: bool | None, tiles: bool, linears: bool
+) -> str:
+    """The bfloat16 encoder (the int8 type's) in AMX's tiles where the CPU has them (else SDPA's
+    bfloat16 path, faster there than head by head), head by head where it has not; every other
+    encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
+    if head_by_head is None:
+        head_by_head = not cpu_has_amx_bf16()
+    bfloat16_encoder = int8_on and model.encoder_dtype == torch.bfloat16
+    head_by_head = bfloat16_encoder and head_by_head
+    tiled = bfloat16_encoder and not head_by_head and tiles and kernel is not None
+    tiled = tiled and TiledEncoderAttention.available(kernel.library)
+    encoder_attention = (
+        TiledEncoderAttention(kernel.library) if tiled else HeadByHeadAttention() if head_by_head else None
+    )
+    linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
+    linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
+    front = linears and EncoderFrontTiles.takes(model.encoder)
+    tiled_linear = TiledEncoderLinear(kernel.library) if linears else None
+    for block in model.encoder.blocks:
+        block.attn.kernel = encoder_attention
+        block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
+    model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
+    encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
+    encoder += ", linears tiles" if linears else ""
+    return encoder + (", convolutions tiles" if front else "")

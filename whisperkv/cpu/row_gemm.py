@@ -1,0 +1,236 @@
+"""One-position rows through the decoder's matrices as GEMMs of 2 or 3 columns: fast, and row-exact.
+
+Since round 11 a float32 model with the kernels' library steps through ``cpu/step_rows.py`` instead
+(each linear with its LayerNorm, bias, GELU and residual in one C call; row-exact by construction);
+this module stays the path without a C compiler, the slow twin in the tests, and the layer every
+decoder linear is (``RowGemmLinear``: prompts and the encoder-side shapes still go through it).
+
+A decoder step multiplies a few rows (one per beam, per request) by every weight matrix of the decoder
+and by the 51,864-token vocabulary table: a memory-bound product whose speed depends on how the BLAS
+reads the matrix. Measured on this project's CPU (MKL, AVX-512), float32, 2 threads:
+
+* ``x @ W.T`` for one row (what ``F.linear`` and openai-whisper do) is a GEMV that read tiny.en's
+  vocabulary table in 7.8 ms and the decoder's 24 linears in 3.4 ms;
+* ``W @ X.T`` with X of 2 rows is a GEMM that read them in 1.9 ms and 1.5 ms.
+
+Batching must not change a row's numbers (a server's request gets the transcript it gets alone), and
+MKL picks its kernel by the number of columns: 2–3 columns give a row one set of bits, 4–10 another.
+So a step's rows are cut by ``plan_rows`` along the groups they belong to (a group: the rows of one
+window's cache — 1 for greedy, 5 for beam 5):
+* groups of 1–3 rows are packed together into chunks of exactly 2 or 3 columns (a lone row padded with
+  a zero row): any row in any such chunk gets the same bits;
+* a group of 4 or more rows (beams, best-of samples) is a chunk of its own of 4–10 columns: its rows
+  travel together solo or batched, so their bits depend on nothing else either. One beam-5 window then
+  reads each matrix once per step, not twice (vocabulary: 3.6 ms against 4.7 as chunks of 3 + 2).
+``RowWidths`` checks on each real matrix, once, that the widths of each class agree; where they do not,
+the class falls back to chunks of 2. The result differs from ``x @ W.T`` only in the order of the sums
+(about 1e-6 on logits; the parity tests check the tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: the two width classes: chunks of these widths give a row the same bits within a class (MKL, AVX-512)
+SMALL = (3, 2)
+LARGE = (4, 5, 6, 7, 8, 9, 10)  # every width group_widths can give
+#: a group at least this large is a chunk (or chunks) of its own, of LARGE-class widths
+GROUP_ALONE = 4
+MAX_WIDTH = 10
+
+
+def chunk_widths(n: int, widths: tuple[int, ...] = SMALL) -> list[int]:
+    """Chunk sizes covering ``n`` packed rows: as many of 3 as fit, the rest in 2s (1 → [2], padded;
+    4 → [2, 2]; 5 → [3, 2]; 7 → [3, 2, 2]); with ``widths == (2,)`` only 2s."""
+    if widths == (2,):
+        return [2] * ((n + 1) // 2)
+    threes, rest = divmod(n, 3)
+    if rest == 1 and threes:
+        return [3] * (threes - 1) + [2, 2]
+    return [3] * threes + ([2] if rest else [])
+
+
+def group_widths(n: int) -> list[int]:
+    """Balanced chunk sizes, each in [4, 10], for a group of ``n`` >= 4 rows (11 → [6, 5], 16 → [8, 8])."""
+    parts = -(-n // MAX_WIDTH)
+    base, extra = divmod(n, parts)
+    return [base + 1] * extra + [base] * (parts - extra)
+
+
+def same_bits(weight: torch.Tensor, widths: tuple[int, ...]) -> bool:
+    """Whether a row gets the same bits from ``weight`` in a chunk of each width (one product each)."""
+    if len(widths) < 2:
+        return True
+    row = torch.linspace(-1.0, 1.0, weight.shape[1], dtype=weight.dtype)
+    firsts = []
+    for width in widths:
+        chunk = torch.stack([row, *[row.flip(0) * (i + 2) for i in range(width - 1)]])
+        firsts.append((weight @ chunk.T)[:, 0])
+    return all(torch.equal(firsts[0], f) for f in firsts[1:])
+
+
+class RowWidths:
+    """Which chunk widths keep a row's bits for one matrix, measured on it once."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        cpu = weight.device.type == "cpu"
+        self.small = SMALL if not cpu or same_bits(weight, SMALL) else (2,)
+        self.large = not cpu or same_bits(weight, LARGE)
+
+
+def plan_rows(sizes: list[int], widths: RowWidths) -> tuple[tuple[int, int, int], ...]:
+    """(start, stop, width) chunks covering rows grouped by ``sizes``: runs of small groups packed into
+    SMALL-class chunks, each large group alone in LARGE-class chunks. ``width > stop - start`` pads."""
+    return _plan(tuple(sizes), widths.small, widths.large)
+
+
+@functools.lru_cache(maxsize=256)  # a step asks once per matrix (25 for tiny.en), with the same sizes
+def _plan(sizes: tuple[int, ...], small: tuple[int, ...], large: bool) -> tuple[tuple[int, int, int], ...]:
+    plan: list[tuple[int, int, int]] = []
+    start = run = 0
+
+    def pack(begin: int, n: int) -> None:
+        for w in chunk_widths(n, small):
+            plan.append((begin, min(begin + w, begin + n), w))
+            begin, n = begin + w, n - w
+
+    for size in sizes:
+        if size >= GROUP_ALONE and large:
+            if run:
+                pack(start - run, run)
+                run = 0
+            for w in group_widths(size):
+                plan.append((start, start + w, w))
+                start += w
+        else:
+            run += size
+            start += size
+    if run:
+        pack(start - run, run)
+    return tuple(plan)
+
+
+def rows_times(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    widths: RowWidths,
+    sizes: list[int] | None = None,
+    bias_column: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``rows @ weight.T (+ bias)`` for rows [n, in] grouped by ``sizes`` (default: one group), chunk by
+    chunk as ``weight @ chunk.T``: a contiguous [n, out]. ``bias_column`` is the bias as [out, 1]: it is
+    added inside the GEMM (``addmm``), one call per chunk."""
+    n = rows.shape[0]
+    plan = plan_rows(sizes if sizes is not None else [n], widths)
+    # contiguous rows out: elementwise ops after this (GELU) take another, differently rounded loop on a
+    # transposed tensor, and a row's bits would then depend on the batch again
+    if len(plan) == 1:  # the common step: one window, or windows that fit one chunk
+        return _chunk(weight, rows, plan[0][2], bias_column)[:n].contiguous()
+    out = rows.new_empty(n, weight.shape[0])
+    for start, stop, width in plan:
+        out[start:stop] = _chunk(weight, rows[start:stop], width, bias_column)[: stop - start]
+    return out
+
+
+def _chunk(
+    weight: torch.Tensor, rows: torch.Tensor, width: int, bias_column: torch.Tensor | None
+) -> torch.Tensor:
+    """One GEMM of exactly ``width`` columns (zero rows pad a short chunk): [width, out], transposed."""
+    if rows.shape[0] < width:
+        rows = F.pad(rows, (0, 0, 0, width - rows.shape[0]))
+    if bias_column is None:
+        return torch.mm(weight, rows.T).T
+    return torch.addmm(bias_column, weight, rows.T).T
+
+
+def one_row_times(rows: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """``rows @ row`` [k] for one row [d] as a lone step multiplies it: a chunk of 2 (the row and a zero
+    row), so gathered rows of a matrix get the bits its full product gives them (checked by the caller).
+    A float16 ``rows`` is widened first (exactly)."""
+    pair = torch.stack([row, torch.zeros_like(row)])
+    return torch.mm(rows.float(), pair.T)[:, 0]
+
+
+def widened(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A float16-held weight (``cpu/step_rows.py`` holds a float32 model's step matrices so where every
+    value is a float16) as the float32 matrix it stands for, for float32 inputs: exact, per call."""
+    return weight.float() if weight.dtype == torch.float16 and x.dtype == torch.float32 else weight
+
+
+def use_row_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One position per row (a decoder step), float32 on the CPU: the case this module is for."""
+    return (
+        x.dim() >= 2
+        and x.shape[-2] == 1
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == weight.device.type == "cpu"
+    )
+
+
+def _apply(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    widths: RowWidths,
+    x: torch.Tensor,
+    sizes: list[int] | None,
+) -> torch.Tensor:
+    weight = widened(weight, x)
+    if not use_row_gemm(x, weight):
+        return F.linear(x, weight, bias)
+    bias_column = None if bias is None else bias[:, None]
+    return rows_times(weight, x.reshape(-1, x.shape[-1]), widths, sizes, bias_column).reshape(
+        *x.shape[:-1], -1
+    )
+
+
+class RowGemmLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state-dict names) whose decoder steps use ``rows_times``.
+
+    Inputs with more than one position per row (a prompt, the encoder output) go through ``F.linear``
+    as before: there the GEMM is large and already reads the weight once. ``sizes`` groups the rows
+    (``plan_rows``); without it all rows are one group, as in a lone window's step.
+    """
+
+    widths: RowWidths
+    groups_rows = True  # takes ``sizes`` (see ``linear_rows``)
+
+    @classmethod
+    def adopt(cls, linear: nn.Linear) -> RowGemmLinear:
+        """Turn ``linear`` into this class in place (no copy of its weight) and check its widths."""
+        linear.__class__ = cls
+        linear.widths = RowWidths(linear.weight)
+        return linear  # type: ignore[return-value]
+
+    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        return _apply(self.weight, self.bias, self.widths, x, sizes)
+
+
+class FusedRowGemm:
+    """The fused query|key|value projection (``MultiHeadAttention.fuse_qkv``) with the same rule."""
+
+    groups_rows = True
+    rebuilds_after_move = True  # ``MultiHeadAttention._apply`` fuses it again after ``.to()``
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.widths = RowWidths(weight)
+
+    def __call__(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        return _apply(self.weight, self.bias, self.widths, x, sizes)
+
+
+def adopt_row_gemm(decoder: nn.Module) -> None:
+    """Every linear of the decoder's blocks, fused query/key/value included, takes decoder steps as
+    ``rows_times`` GEMMs (float32 CPU models; ``load_model`` calls it)."""
+    from whisperkv.model.attention import MultiHeadAttention
+
+    for module in decoder.modules():
+        if isinstance(module, MultiHeadAttention) and module.qkv is not None:
+            module.fuse_qkv(FusedRowGemm)
+    for module in list(decoder.modules()):
+        if type(module) is nn.Linear:
+            RowGemmLinear.adopt(module)
