@@ -118,19 +118,6 @@ def test_utterance_file_is_shuffled_clips_with_pauses():
     assert refs_other["utterances"] != refs["utterances"]  # another seed, another order
 
 
-def test_draft_acceptance_counts_ngram_guesses():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_acceptance.py"
-    spec = importlib.util.spec_from_file_location("draft_acceptance", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rates = module.acceptance([1, 2, 1, 2, 1, 2])  # from the third token on every guess is right
-    assert rates["bigram"] == 3 / 5 and rates["trigram, else bigram"] == 3 / 5
-    assert module.acceptance([5, 6, 7, 8])["bigram"] == 0.0
-
-
 def test_goal_lines_split_an_int8_wer_gap_and_judge_the_step_on_tiny_en_only(capsys):
     """The int8 WER verdict carries each engine's float32 errors from the same run (the int8 cost apart
     from the float32 decodings' own gap); the 3 ms step goal is judged for tiny.en only."""

@@ -17,6 +17,7 @@ import torch
 
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.decoding.options import DecodingOptions
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims
 from whisperkv.model.random_weights import random_checkpoint, write_random_model
@@ -130,8 +131,12 @@ def _fixed_work_parity(ours, reference, clips: tuple[str, ...] = CLIPS) -> list[
 
 @pytest.fixture(scope="module")
 def wide_models(wide_pt):
-    """The width-1280 model as each CPU type loads it (one load each for the module)."""
-    return {kind: whisperkv.load_model(str(wide_pt), compute_type=kind) for kind in ("float32", "int8")}
+    """The width-1280 model as each CPU type loads it (one load each for the module), the float32 one
+    with its step kernels on whatever the CPU (the default takes them with AVX-512 only, ``cpu/plan.py``;
+    these tests prove them wherever they build)."""
+    models = {kind: whisperkv.load_model(str(wide_pt), compute_type=kind) for kind in ("float32", "int8")}
+    use_attention_kernels(models["float32"], rows=True)
+    return models
 
 
 def test_width_1280_through_the_kernels_gives_the_references_tokens(wide_pt, wide_models):
