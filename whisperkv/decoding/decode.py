@@ -23,6 +23,7 @@ import torch
 from whisperkv.cache.kv import CrossKV, DecoderCache
 from whisperkv.cache.provenance import EncoderProvenance
 from whisperkv.cache.store import check_reuse
+from whisperkv.decoding.batch_rows import BatchRows
 from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.logit_filters import (
     LogitFilter,
@@ -163,6 +164,42 @@ def decode_window(
     return decode_windows(model, tokenizer, audio_features[:1], options, cross_kv, generator)[0]
 
 
+def _searcher(
+    options: DecodingOptions, eot: int, generator: torch.Generator | None
+) -> tuple[GreedySearch | BeamSearch, int]:
+    """The search the options ask for, and how many rows (beams or samples) each window gets."""
+    if options.temperature > 0:
+        return GreedySearch(options.temperature, eot, generator), options.best_of or 1
+    if options.beam_size:
+        return BeamSearch(options.beam_size, eot, options.patience), options.beam_size
+    return GreedySearch(0.0, eot), 1
+
+
+def _next_logits(
+    model: Whisper,
+    cache: DecoderCache | None,
+    new: torch.Tensor,
+    rows: BatchRows,
+    audio_features: torch.Tensor,
+    step: int,
+    plan: DecodePlan,
+    n_group: int,
+) -> torch.Tensor:
+    """One step's logits. The cached path feeds what the decoder has not seen: the prompt once a window
+    (logits at <|startoftranscript|> and its last token only; every row of a window then copies its
+    Self-KV rather than recomputing it), then one token a row. The uncached twin recomputes every token."""
+    positions = [plan.sot_index, plan.sample_begin - 1]
+    if cache is None:
+        logits = model.decoder.forward_uncached(rows.tokens, audio_features)
+        return logits[:, positions] if step == 0 else logits
+    logits = model.decoder(new, cache, positions=positions if step == 0 else None)
+    if step == 0 and n_group > 1:
+        copies = torch.arange(new.shape[0], device=model.device).repeat_interleave(n_group)
+        cache.reorder(copies)
+        logits = logits.index_select(0, copies)
+    return logits
+
+
 @torch.no_grad()
 def decode_windows(
     model: Whisper,
@@ -181,30 +218,18 @@ def decode_windows(
 
     ``drop_finished``: a window whose rows are done leaves the batch (its caches too), so the others'
     steps stop paying for it: a greedy window at its end of text, a beam window once it holds as many
-    finished candidates as it keeps (later steps could not change them, nor its result). False keeps
-    every window to the last step, as the reference does; the tokens are the same.
+    finished candidates as it keeps (``decoding/batch_rows.py``). False keeps every window to the last
+    step, as the reference does; the tokens are the same.
 
-    ``end_bounds``: per window, (floor, ceiling) in timestamp indices for ``hold_end_of_text`` (batched
-    mode); None decodes as the reference does.
+    ``end_bounds``: per window, (floor, ceiling) timestamp indices for ``hold_end_of_text`` (batched mode).
     """
     check_options(options)
-    n_ctx = model.dims.n_text_ctx
-    prompt, sample_len, sample_begin, sot_index, filters = plan_decode(model, tokenizer, options)
-
-    if options.temperature > 0:
-        n_group = options.best_of or 1
-        searcher: GreedySearch | BeamSearch = GreedySearch(options.temperature, tokenizer.eot, generator)
-    elif options.beam_size:
-        n_group = options.beam_size
-        searcher = BeamSearch(options.beam_size, tokenizer.eot, options.patience)
-    else:
-        n_group = 1
-        searcher = GreedySearch(0.0, tokenizer.eot)
-
-    choice = GreedyChoice.for_window(searcher, filters)  # ``decoding/greedy_choice.py``
+    plan = plan_decode(model, tokenizer, options)
+    searcher, n_group = _searcher(options, tokenizer.eot, generator)
+    choice = GreedyChoice.for_window(searcher, plan.filters)  # ``decoding/greedy_choice.py``
     n_audio = audio_features.shape[0]
     audio_features = audio_features.to(model.device, model.dtype)
-    tokens = torch.tensor([prompt] * (n_audio * n_group), device=model.device)
+    tokens = torch.tensor([plan.prompt] * (n_audio * n_group), device=model.device)
     cache: DecoderCache | None = None
     if options.use_cache:
         if cross_kv is None:
@@ -212,101 +237,69 @@ def decode_windows(
         cache = model.decoder.new_cache(cross_kv, batch_size=n_audio)  # beams copied after the prompt
         del cross_kv  # the cache holds it now; once rows finish, the full batch's copy can be freed
 
-    sum_logprobs = torch.zeros(n_audio * n_group)
-    no_speech_probs = [float("nan")] * n_audio
-    step_logits: list[torch.Tensor] | None = [] if options.record_logits else None
-    step_tokens: list[list[int]] | None = [] if options.record_logits else None
-    # Batched windows finish at different steps: finished ones are set aside and dropped from the
-    # caches, so the rest stop paying for them. ``active`` maps windows to original windows. A beam
-    # window is finished once its candidates are (it keeps ``max_candidates``; a patience under 1 keeps
-    # fewer than its beams and tops up from the live ones at the end, so it stays to the end).
-    compact = drop_finished and cache is not None and n_audio > 1 and step_logits is None
+    records: tuple[list, list] | None = ([], []) if options.record_logits else None  # logits, tokens
+    # a beam window leaves once its candidates are done (it keeps ``max_candidates``; a patience under 1
+    # keeps fewer than its beams and tops up from the live ones at the end, so it stays to the end)
+    compact = drop_finished and cache is not None and n_audio > 1 and records is None
     compact_beams = compact and isinstance(searcher, BeamSearch) and searcher.max_candidates >= n_group
     compact = compact and isinstance(searcher, GreedySearch) and n_group == 1
-    active = torch.arange(n_audio)
-    set_aside: dict[int, tuple[list[int], float]] = {}
-    beams_aside: dict[int, dict[tuple[int, ...], float]] = {}  # window → its finished candidates
     bounds = torch.tensor(end_bounds).repeat_interleave(n_group, dim=0) if end_bounds is not None else None
+    rows = BatchRows(tokens, torch.zeros(n_audio * n_group), torch.arange(n_audio), bounds)
+    no_speech_probs = [float("nan")] * n_audio
     new = tokens[::n_group]  # what the decoder has not seen yet: the prompt (once a window), then a token
-    for step in range(sample_len):
-        if cache is not None:
-            # the prompt needs logits at two places only: <|startoftranscript|> and its last token
-            logits = model.decoder(new, cache, positions=[sot_index, sample_begin - 1] if step == 0 else None)
-            if step == 0 and n_group > 1:  # every row of a window holds its prompt: copy, do not recompute
-                rows = torch.arange(n_audio, device=model.device).repeat_interleave(n_group)
-                cache.reorder(rows)
-                logits = logits.index_select(0, rows)
-        else:
-            logits = model.decoder.forward_uncached(tokens, audio_features)
-            logits = logits[:, [sot_index, sample_begin - 1]] if step == 0 else logits
+    for step in range(plan.sample_len):
+        logits = _next_logits(model, cache, new, rows, audio_features, step, plan, n_group)
         if step == 0:
             no_speech_probs = logits[::n_group, 0].softmax(dim=-1)[:, tokenizer.no_speech].tolist()
         logits = logits[:, -1].contiguous()  # the decoder's fresh output, edited in place: not copied again
-        if step_logits is not None:
-            step_logits.append(logits.clone().cpu())
-        if bounds is not None:
-            sampled = tokens[:, sample_begin:]
-            hold_end_of_text(logits, sampled, bounds, tokenizer.timestamp_begin, tokenizer.eot)
-        tokens, completed, sources = choose_next(choice, filters, searcher, tokens, logits, sum_logprobs)
-        if step_tokens is not None:
-            step_tokens.append(tokens[:, -1].tolist())
+        if records is not None:
+            records[0].append(logits.clone().cpu())
+        if rows.bounds is not None:
+            sampled = rows.tokens[:, plan.sample_begin :]
+            hold_end_of_text(logits, sampled, rows.bounds, tokenizer.timestamp_begin, tokenizer.eot)
+        step_choice = choose_next(choice, plan.filters, searcher, rows.tokens, logits, rows.sum_logprobs)
+        rows.tokens, completed, sources = step_choice
+        if records is not None:
+            records[1].append(rows.tokens[:, -1].tolist())
         if sources is not None and cache is not None:
             cache.reorder(sources.to(model.device))  # beams follow their parents' Self-KV
-        if completed or tokens.shape[-1] > n_ctx:
+        if completed or rows.tokens.shape[-1] > model.dims.n_text_ctx:
             break
         if compact:
-            done = tokens[:, -1] == tokenizer.eot
-            n_done = int(done.sum())
-            if n_done:  # copying the rest's caches costs about two steps of theirs (measured: 3 % faster)
-                for i in done.nonzero().flatten().tolist():
-                    set_aside[int(active[i])] = (tokens[i].tolist(), float(sum_logprobs[i]))
-                keep = (~done).nonzero().flatten()
-                tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[keep]
-                bounds = bounds[keep] if bounds is not None else None
-                cache.keep_rows(keep.to(model.device))
+            rows.drop_ended(cache, tokenizer.eot, model.device)
         if compact_beams:
-            assert isinstance(searcher, BeamSearch) and cache is not None
-            full = searcher.full_windows()
-            if full:
-                stay = [a for a in range(len(active)) if a not in full]
-                for a, done in zip(full, searcher.keep_windows(stay), strict=True):
-                    beams_aside[int(active[a])] = done
-                windows = torch.tensor(stay)
-                keep = (windows[:, None] * n_group + torch.arange(n_group)).flatten()
-                tokens, sum_logprobs, active = tokens[keep], sum_logprobs[keep], active[windows]
-                bounds = bounds[keep] if bounds is not None else None
-                cache.keep_rows(keep.to(model.device), windows.to(model.device))
-        new = tokens[:, -1:]
+            rows.drop_full_windows(searcher, cache, n_group, model.device)
+        new = rows.tokens[:, -1:]
 
-    eot = tokenizer.eot
-    if set_aside:  # put the rows set aside back in place, padded with end of text like the others
-        rows = dict(set_aside)
-        rows.update((int(a), (tokens[i].tolist(), float(sum_logprobs[i]))) for i, a in enumerate(active))
-        width = max(len(seq) for seq, _ in rows.values())
-        tokens = torch.tensor([rows[r][0] + [eot] * (width - len(rows[r][0])) for r in range(n_audio)])
-        sum_logprobs = torch.tensor([rows[r][1] for r in range(n_audio)])
-
-    if beams_aside:  # every window's candidates in place again; a window set aside needs no live rows
-        assert isinstance(searcher, BeamSearch) and searcher.finished is not None
-        live = dict(zip(active.tolist(), searcher.finished, strict=True))
-        searcher.restore_windows([beams_aside[a] if a in beams_aside else live[a] for a in range(n_audio)])
-        rows = torch.full((n_audio * n_group, tokens.shape[-1]), eot, dtype=tokens.dtype)
-        sums = torch.zeros(n_audio * n_group)
-        at = (active[:, None] * n_group + torch.arange(n_group)).flatten()
-        rows[at], sums[at] = tokens, sum_logprobs
-        tokens, sum_logprobs = rows, sums
-
-    candidates, scores = searcher.finalize(
+    tokens, sum_logprobs = rows.restored(searcher, n_audio, n_group, tokenizer.eot)
+    ranked = searcher.finalize(
         tokens.reshape(n_audio, n_group, -1).cpu(), sum_logprobs.reshape(n_audio, n_group)
     )
     report = cache_report(cache) if cache is not None else None  # one cache for the whole batch
+    step_logits, step_tokens = records if records is not None else (None, None)
+    results = _results(tokenizer, options, audio_features, ranked, plan.sample_begin, no_speech_probs)
+    for result in results:
+        result.step_logits, result.step_tokens, result.cache = step_logits, step_tokens, report
+    return results
+
+
+def _results(
+    tokenizer: Tokenizer,
+    options: DecodingOptions,
+    audio_features: torch.Tensor,
+    ranked: tuple[list, list],
+    sample_begin: int,
+    no_speech_probs: list[float],
+) -> list[DecodingResult]:
+    """Each window's best candidate (``rank``, with the length penalty) as its result."""
+    eot = tokenizer.eot
     results = []
-    for a in range(n_audio):
+    for a, (candidates, scores) in enumerate(zip(*ranked, strict=True)):
         texts = []
-        for cand in candidates[a]:
+        for cand in candidates:
             cand = cand.tolist() if isinstance(cand, torch.Tensor) else list(cand)
             texts.append(cand[sample_begin : cand.index(eot, sample_begin)])
-        best = rank(texts, scores[a], options.length_penalty)
+        best = rank(texts, scores, options.length_penalty)
         best_tokens = texts[best]
         text = tokenizer.decode(best_tokens).strip()
         results.append(
@@ -315,13 +308,10 @@ def decode_windows(
                 language=tokenizer.language or "en",
                 tokens=best_tokens,
                 text=text,
-                avg_logprob=scores[a][best] / (len(best_tokens) + 1),
+                avg_logprob=scores[best] / (len(best_tokens) + 1),
                 no_speech_prob=no_speech_probs[a],
                 temperature=options.temperature,
                 compression_ratio=compression_ratio(text),
-                step_logits=step_logits,
-                step_tokens=step_tokens,
-                cache=report,
             )
         )
     return results
