@@ -233,12 +233,26 @@ def add_word_timestamps(
             qk_scale=qk_scale,
         )
 
+    median_duration, max_duration = _clamp_long_words(alignment)
+    merge_punctuations(alignment, prepend_punctuations, append_punctuations)
+
+    time_offset = segments[0]["seek"] * HOP_LENGTH / SAMPLE_RATE
+    word_index = 0
+    for segment, seg_tokens in zip(segments, text_tokens_per_segment, strict=True):
+        words, word_index = _segment_words(alignment, word_index, len(seg_tokens), time_offset)
+        if words:
+            _fit_segment(segment, words, last_speech_timestamp, median_duration, max_duration)
+            last_speech_timestamp = segment["end"]
+        segment["words"] = words
+
+
+def _clamp_long_words(alignment: list[WordTiming]) -> tuple[float, float]:
+    """Words next to a sentence end tend to swallow the pause: keep them within twice the median length
+    (capped at 0.7 s). Returns (median, most) word duration, which the segments' fitting uses too."""
     durations = np.array([t.end - t.start for t in alignment])
     durations = durations[durations.nonzero()]
     median_duration = min(0.7, float(np.median(durations))) if len(durations) > 0 else 0.0
     max_duration = median_duration * 2
-
-    # Words next to a sentence end tend to swallow the pause: keep them within twice the median length.
     if len(durations) > 0:
         for i in range(1, len(alignment)):
             if alignment[i].end - alignment[i].start > max_duration:
@@ -246,56 +260,59 @@ def add_word_timestamps(
                     alignment[i].end = alignment[i].start + max_duration
                 elif alignment[i - 1].word in SENTENCE_END_MARKS:
                     alignment[i].start = alignment[i].end - max_duration
+    return median_duration, max_duration
 
-    merge_punctuations(alignment, prepend_punctuations, append_punctuations)
 
-    time_offset = segments[0]["seek"] * HOP_LENGTH / SAMPLE_RATE
-    word_index = 0
-    for segment, seg_tokens in zip(segments, text_tokens_per_segment, strict=True):
-        consumed = 0
-        words: list[dict] = []
-        while word_index < len(alignment) and consumed < len(seg_tokens):
-            timing = alignment[word_index]
-            if timing.word:
-                words.append(
-                    {
-                        "word": timing.word,
-                        "start": _round(time_offset + timing.start),
-                        "end": _round(time_offset + timing.end),
-                        "probability": timing.probability,
-                    }
-                )
-            consumed += len(timing.tokens)
-            word_index += 1
+def _segment_words(
+    alignment: list[WordTiming], word_index: int, n_tokens: int, time_offset: float
+) -> tuple[list[dict], int]:
+    """The words of one segment (those its ``n_tokens`` text tokens make), from ``word_index`` on, in
+    seconds from the start of the audio; and the index of the next segment's first word."""
+    consumed = 0
+    words: list[dict] = []
+    while word_index < len(alignment) and consumed < n_tokens:
+        timing = alignment[word_index]
+        if timing.word:
+            words.append(
+                {
+                    "word": timing.word,
+                    "start": _round(time_offset + timing.start),
+                    "end": _round(time_offset + timing.end),
+                    "probability": timing.probability,
+                }
+            )
+        consumed += len(timing.tokens)
+        word_index += 1
+    return words, word_index
 
-        if words:
-            first = words[0]
-            # After a pause the first word (or first two) may stretch back into the silence: cut them.
-            if first["end"] - last_speech_timestamp > median_duration * 4 and (
-                first["end"] - first["start"] > max_duration
-                or (len(words) > 1 and words[1]["end"] - first["start"] > max_duration * 2)
-            ):
-                if len(words) > 1 and words[1]["end"] - words[1]["start"] > max_duration:
-                    boundary = max(words[1]["end"] / 2, words[1]["end"] - max_duration)
-                    first["end"] = words[1]["start"] = boundary
-                first["start"] = max(0, first["end"] - max_duration)
 
-            # A first word much longer than the segment's own start suggests: trust the segment.
-            if segment["start"] < first["end"] and segment["start"] - 0.5 > first["start"]:
-                first["start"] = max(0, min(first["end"] - median_duration, segment["start"]))
-            else:
-                segment["start"] = first["start"]
+def _fit_segment(
+    segment: dict, words: list[dict], last_speech: float, median_duration: float, max_duration: float
+) -> None:
+    """The reference's adjustments of a segment's first and last words and of its own start and end."""
+    first = words[0]
+    # After a pause the first word (or first two) may stretch back into the silence: cut them.
+    if first["end"] - last_speech > median_duration * 4 and (
+        first["end"] - first["start"] > max_duration
+        or (len(words) > 1 and words[1]["end"] - first["start"] > max_duration * 2)
+    ):
+        if len(words) > 1 and words[1]["end"] - words[1]["start"] > max_duration:
+            boundary = max(words[1]["end"] / 2, words[1]["end"] - max_duration)
+            first["end"] = words[1]["start"] = boundary
+        first["start"] = max(0, first["end"] - max_duration)
 
-            # Likewise for a last word running well past the segment's end.
-            last = words[-1]
-            if segment["end"] > last["start"] and segment["end"] + 0.5 < last["end"]:
-                last["end"] = max(last["start"] + median_duration, segment["end"])
-            else:
-                segment["end"] = last["end"]
+    # A first word much longer than the segment's own start suggests: trust the segment.
+    if segment["start"] < first["end"] and segment["start"] - 0.5 > first["start"]:
+        first["start"] = max(0, min(first["end"] - median_duration, segment["start"]))
+    else:
+        segment["start"] = first["start"]
 
-            last_speech_timestamp = segment["end"]
-
-        segment["words"] = words
+    # Likewise for a last word running well past the segment's end.
+    last = words[-1]
+    if segment["end"] > last["start"] and segment["end"] + 0.5 < last["end"]:
+        last["end"] = max(last["start"] + median_duration, segment["end"])
+    else:
+        segment["end"] = last["end"]
 
 
 # --------------------------------------------------------------------------------- helpers for transcribe
