@@ -150,7 +150,7 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     """The rows kernel built from ``commit``'s ``int8_rows.c`` with the library's flags, or None (no
     compiler, or no such file at that commit). With that commit's ``rows_f32.c`` where there is one: the
     int8 step's LayerNorm and GELU come from it (round 15 on)."""
-    from whisperkv.cpu.build import FLAGS
+    from whisperkv.cpu.build import compile_library
     from whisperkv.cpu.int8_rows import Int8RowsKernel
 
     compiler = shutil.which("cc") or shutil.which("gcc")
@@ -175,7 +175,7 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     if header.returncode == 0:
         (folder / "amx.h").write_bytes(header.stdout)
     built = folder / "int8_rows.so"
-    subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", str(built), "-lm"], check=True)
+    compile_library(compiler, built, sources=tuple(sources))
     library = ctypes.CDLL(str(built))
     shutil.rmtree(folder)  # the loaded library stays mapped
     return Int8RowsKernel(library)

@@ -174,48 +174,6 @@ def base_model():
     return whisperkv.load_model("base")
 
 
-#: set in the fresh interpreter a ``fresh_floats`` module is run again in
-FRESH_FLOATS_CHILD = "WHISPERKV_TEST_FRESH_FLOATS"
-
-
-def floats_are_flushed() -> bool:
-    """Whether this process flushes denormal floats to zero: the C kernels are built with -ffast-math,
-    whose start-up code sets that for the whole process that loads them (an open issue), and hypothesis
-    then refuses to draw floats that could be subnormal."""
-    import numpy as np
-
-    return bool(np.float32(1e-40) == 0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _floats_not_flushed(request):
-    """A module marked ``fresh_floats`` that lands in a worker which loaded the kernels before (any
-    other file's model) runs in a fresh interpreter instead; here its tests are skipped, and only if it
-    passed there."""
-    if (
-        request.node.get_closest_marker("fresh_floats") is None
-        or os.environ.get(FRESH_FLOATS_CHILD)
-        or not floats_are_flushed()
-    ):
-        yield
-        return
-    import subprocess
-    import sys
-
-    selection = request.config.getoption("markexpr") or "not slow"
-    command = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
-    done = subprocess.run(
-        [*command, "-m", selection, str(request.path)],
-        cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, FRESH_FLOATS_CHILD: "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, f"{request.path.name} in a fresh process:\n{done.stdout[-4000:]}"
-    pytest.skip(f"passed in a fresh process ({done.stdout.strip().splitlines()[-1]})")
-
-
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.manual_seed(0)

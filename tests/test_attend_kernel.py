@@ -119,6 +119,45 @@ def test_build_is_kept_and_reused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no leftover temporary build
 
 
+def test_loading_the_kernels_leaves_the_processes_floats_alone(tmp_path):
+    """Built with -ffast-math, the library once linked gcc's crtfastmath.o, whose start-up code flushed
+    denormal floats to zero for the whole process that loaded it (the user's PyTorch and NumPy too). The
+    link is now without it: a fresh process keeps its denormals after loading."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import numpy, torch; from pathlib import Path; from whisperkv.cpu import build\n"
+        f"assert build.load_library.__wrapped__(Path({str(tmp_path)!r})) is not None\n"
+        "print(float(numpy.float32(1e-40) * numpy.float32(1)), (torch.tensor([1e-40]) * 1).item())"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [float(v) > 0 for v in done.stdout.split()] == [True, True], done.stdout
+
+
+def test_a_wheel_carries_the_kernels_sources(tmp_path):
+    """A non-editable install (a wheel) holds every C source and header the build compiles: without them
+    the kernels are silently not built and every step runs PyTorch's slower path."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(build.__file__).resolve().parents[2]
+    source = tmp_path / "source"  # a clean copy: setuptools reuses a stale build/ folder in the checkout
+    shutil.copytree(root / "whisperkv", source / "whisperkv", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w"]
+    done = subprocess.run([*command, str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("whisperkv-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for source in build.SOURCES + build.HEADERS:
+        assert f"whisperkv/cpu/kernels/{source.name}" in names, source.name
+
+
 def test_without_a_compiler_there_is_no_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
     assert build.load_library.__wrapped__(tmp_path) is None
@@ -313,15 +352,11 @@ def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):
     loops run alone: the same bits, float32 and bfloat16 caches, 1-16 rows, positions in whole blocks of
     16, with a tail, and fewer than 16."""
     import ctypes
-    import subprocess
 
-    from whisperkv.cpu.build import FLAGS, SOURCES
+    from whisperkv.cpu.build import FLAGS, compile_library
 
     compiler = shutil.which("cc") or shutil.which("gcc")
-    plain = tmp_path / "plain.so"
-    subprocess.run(
-        [compiler, *FLAGS, "-DWKV_PLAIN_ATTEND", *map(str, SOURCES), "-o", str(plain), "-lm"], check=True
-    )
+    plain = compile_library(compiler, tmp_path / "plain.so", (*FLAGS, "-DWKV_PLAIN_ATTEND"))
     twin = AttendKernel(ctypes.CDLL(str(plain)), plain)
     for dtype in (torch.float32, torch.bfloat16):
         for windows, beams, positions in ((1, 1, 1), (1, 5, 15), (2, 5, 1500), (1, 16, 449), (3, 3, 64)):

@@ -9,14 +9,13 @@ from __future__ import annotations
 import ctypes
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from whisperkv.cpu.build import SOURCES
+from whisperkv.cpu.build import SOURCES, compile_library
 from whisperkv.decoding import greedy_choice as greedy_choice_module
 from whisperkv.decoding.greedy_choice import GreedyChoice, choose_next
 from whisperkv.decoding.logit_filters import SuppressBlank, SuppressTokens, TimestampRules
@@ -250,10 +249,8 @@ def test_the_kernel_against_numpy_in_float64():
 
 def test_the_plain_c_version_of_the_kernel(tmp_path: Path):
     """The library is built with -march=native (AVX-512 here); the version without it, built here."""
-    built = tmp_path / "greedy_choice.so"
-    command = [COMPILER, "-O3", "-ffast-math", "-fPIC", "-shared", "-mno-avx512f", str(SOURCE), "-lm"]
-    subprocess.run([*command, "-o", str(built)], check=True, capture_output=True, timeout=120)
-    _check_kernel(_kernel(built))
+    flags = ("-O3", "-ffast-math", "-fPIC", "-mno-avx512f")
+    _check_kernel(_kernel(compile_library(COMPILER, tmp_path / "greedy_choice.so", flags, (SOURCE,))))
 
 
 def _segments(result: dict) -> list[tuple]:

@@ -106,16 +106,14 @@ def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
     """Without AVX512-VNNI (an AVX2 machine) the same packed layout runs through plain C loops: the same
     integer sums, so the same bits. Built here with VNNI turned off and compared with the library in use."""
     import ctypes
-    import subprocess
 
-    from whisperkv.cpu.build import FLAGS, SOURCES
+    from whisperkv.cpu.build import FLAGS, compile_library
     from whisperkv.cpu.int8_rows import Int8RowsKernel
 
     compiler = shutil.which("cc") or shutil.which("gcc")
-    plain = tmp_path / "plain.so"
     flags = [f for f in FLAGS if f != "-fopenmp"]  # one thread: the sums do not depend on it anyway
     flags += ["-mno-avx512vnni", "-mno-amx-int8"]  # nor AMX's tiles (which need VNNI's layout only)
-    subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(plain), "-lm"], check=True)
+    plain = compile_library(compiler, tmp_path / "plain.so", tuple(flags))
     slow = Int8RowsKernel(ctypes.CDLL(str(plain)))
     # 1-10 rows: each group size the VNNI path splits a step's rows into (1-8 rows, several chains a
     # row), then 21 (a full block of 16, and 5); widths of 24 and 25 dot-product steps (a split's tail)

@@ -24,8 +24,6 @@ from hypothesis import strategies as st
 from tests.conftest import require_oracle
 
 schemathesis = require_oracle("schemathesis")
-#: schemathesis draws floats through hypothesis, which refuses to where denormals are flushed (conftest)
-pytestmark = pytest.mark.fresh_floats
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "fuzz-key"
@@ -36,9 +34,8 @@ ANSWER_S = 20.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``whisperkv serve`` (tiny.en) on a free 127.0.0.1 port, in its own process: the model's kernels
-    set the floating-point state of the process that loads them (denormals flushed), which hypothesis
-    refuses to generate floats under; and the log is the real server's."""
+    """``whisperkv serve`` (tiny.en) on a free 127.0.0.1 port, in its own process: the log is the real
+    server's."""
     log_path = tmp_path_factory.mktemp("fuzz") / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("WHISPERKV_API_KEY", None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import math
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 from tests.conftest import torch_threads
 from whisperkv.cpu.attend import load_kernel
-from whisperkv.cpu.build import SOURCES
+from whisperkv.cpu.build import SOURCES, compile_library
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.step_rows import StepRowsKernel, load_step_rows
 
@@ -42,9 +41,8 @@ def plain_c_library(tmp_path_factory) -> ctypes.CDLL | None:
         return None
     source = next(s for s in SOURCES if s.name == "rows_f32.c")
     built = tmp_path_factory.mktemp("plain") / "rows_plain.so"
-    flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-mno-avx512f"]
-    subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, timeout=120)
-    return ctypes.CDLL(str(built))
+    flags = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-mno-avx512f")
+    return ctypes.CDLL(str(compile_library(compiler, built, flags, (source,))))
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from whisperkv.cpu.build import SOURCES
+from whisperkv.cpu.build import SOURCES, compile_library
 from whisperkv.decoding import top_k as top_k_module
 from whisperkv.decoding.top_k import top_k
 
@@ -102,13 +101,8 @@ def test_out_of_range_inputs_use_torch_topk():
 )
 def test_each_version_of_the_kernel_gives_the_same_answers(tmp_path: Path, flags):
     """The library is built with -march=native (AVX-512 here); the other two versions, built here."""
-    built = tmp_path / "top_k.so"
-    command = [COMPILER, "-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", *flags, str(SOURCE)]
-    subprocess.run(
-        [*command, "-o", str(built)],
-        check=True,
-        capture_output=True,
-        timeout=120,
+    built = compile_library(
+        COMPILER, tmp_path / "top_k.so", ("-O3", "-ffast-math", "-fopenmp", "-fPIC", *flags), (SOURCE,)
     )
     fn = ctypes.CDLL(str(built)).wkv_top_k
     fn.restype = ctypes.c_int

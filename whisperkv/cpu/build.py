@@ -42,7 +42,11 @@ HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("amx.h",
 #: named the CPU: a VM whose CPU gcc 12 took for a Rocket Lake got 256-bit loops (its tuning), one it did
 #: not know got 512 (the generic tuning), and the attention kernel's register loops, written in the
 #: order of the 512-bit plain loops, no longer gave their bits on the first (round 21).
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC")
+#: the link, without ``-ffast-math``: with it gcc 12 links ``crtfastmath.o`` into the library, whose start-up
+#: code flushes denormal floats to zero for the whole process that loads it (the user's PyTorch and NumPy
+#: included). The sources keep fast-math's code; only that process-wide side effect goes.
+LINK_FLAGS = ("-shared", "-fopenmp")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ def load_library(directory: Path | None = None) -> Library | None:
     if compiler is None or not all(source.is_file() for source in SOURCES + HEADERS):
         return None
     sources = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
-    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_id().encode() + compiler.encode())
+    flags = " ".join(FLAGS + LINK_FLAGS).encode()
+    key = hashlib.sha256(sources + flags + _cpu_id().encode() + compiler.encode())
     name = f"kernels-{key.hexdigest()[:16]}.so"
     places = (
         [directory] if directory else [cache_dir(), Path(tempfile.gettempdir()) / f"whisperkv-{os.getuid()}"]
@@ -104,12 +109,21 @@ def _build(compiler: str, path: Path) -> Path:
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            built = Path(tmp) / path.name
-            subprocess.run(
-                [compiler, *FLAGS, *map(str, SOURCES), "-o", str(built), "-lm"],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
+            built = compile_library(compiler, Path(tmp) / path.name)
             os.replace(built, path)
+    return path
+
+
+def compile_library(
+    compiler: str, path: Path, flags: tuple[str, ...] = FLAGS, sources: tuple[Path, ...] = SOURCES
+) -> Path:
+    """``sources`` compiled with ``flags`` into objects beside ``path``, then linked (``LINK_FLAGS``)
+    into ``path``. Also how the tests build a variant (other flags, one source) to compare with the
+    library: linked this way, loading it leaves the process's floating-point state alone too."""
+    objects = [str(path.with_name(f"{path.stem}-{source.stem}.o")) for source in sources]
+    for source, obj in zip(sources, objects):
+        command = [compiler, *flags, "-c", str(source), "-o", obj]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+    link = [compiler, *LINK_FLAGS, *objects, "-o", str(path), "-lm"]
+    subprocess.run(link, check=True, capture_output=True, timeout=120)
     return path
