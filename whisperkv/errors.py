@@ -70,3 +70,7 @@ class SealedCacheError(CacheReuseError):
         self.requested = requested
         self.reason = reason
         WhisperKVError.__init__(self, f"refusing sealed cache: {reason}")
+
+
+class TokenizerOptionError(WhisperKVError, ValueError):
+    """A language or task was asked for that this model's vocabulary cannot express."""

@@ -1,154 +1,26 @@
-"""Whisper's tokenizer: byte-level BPE read from a Hugging Face ``tokenizer.json``.
+"""Whisper's tokenizer: text <-> token ids, and the special tokens that steer decoding.
 
-Whisper models ship their vocabulary as a ``tokenizer.json``. We read it ourselves instead of depending on
-``tokenizers``/``tiktoken`` so that the whole path from text to token ids is short, inspectable and
-testable against the reference implementation.
-
-Two facts about the files shape the design:
-
-* Token ids are BPE merge ranks. The reference (tiktoken) merges, at each step, the adjacent pair whose
-  concatenation has the lowest id. We do the same rather than replaying ``model.merges``: the
-  multilingual file's merge list lacks the very first merge (``"Ġ t"``, id 256), so a merge-list replay
-  would encode every word starting with " t" differently from the reference, while ids are complete.
-* Timestamp tokens are not listed in the file. They follow ``<|notimestamps|>`` directly: 1501 tokens
-  for 0.00 s … 30.00 s in 0.02 s steps.
+The vocabulary is a Hugging Face ``tokenizer.json`` read by ``bpe.py`` (no ``tokenizers``/``tiktoken``
+dependency, so the path from text to ids is short, inspectable and tested against the reference).
+Timestamp tokens are not listed in the file: they follow ``<|notimestamps|>`` directly, 1501 tokens for
+0.00 s … 30.00 s in 0.02 s steps. ``LANGUAGES`` and ``TO_LANGUAGE_CODE`` are re-exported from
+``languages.py``, where openai-whisper's API has them.
 """
 
 from __future__ import annotations
 
-import json
-import string
 from collections.abc import Iterable, Sequence
-from functools import cached_property, lru_cache
+from functools import cached_property
 from os import PathLike
 from pathlib import Path
 from types import EllipsisType
 
-import regex
+from whisperkv.bpe import PRETOKENIZE, Vocabulary, open_vocabulary
+from whisperkv.errors import ModelLoadError, TokenizerOptionError
+from whisperkv.languages import LANGUAGES, TO_LANGUAGE_CODE, normalize_language
+from whisperkv.word_split import split_on_characters, split_on_spaces
 
-from whisperkv.errors import ModelLoadError, WhisperKVError
-
-# Code -> English name, in the order of Whisper's language tokens (<|en|> comes right after
-# <|startoftranscript|>). Models with 99 languages stop before "yue".
-LANGUAGES: dict[str, str] = {
-    "en": "english",
-    "zh": "chinese",
-    "de": "german",
-    "es": "spanish",
-    "ru": "russian",
-    "ko": "korean",
-    "fr": "french",
-    "ja": "japanese",
-    "pt": "portuguese",
-    "tr": "turkish",
-    "pl": "polish",
-    "ca": "catalan",
-    "nl": "dutch",
-    "ar": "arabic",
-    "sv": "swedish",
-    "it": "italian",
-    "id": "indonesian",
-    "hi": "hindi",
-    "fi": "finnish",
-    "vi": "vietnamese",
-    "he": "hebrew",
-    "uk": "ukrainian",
-    "el": "greek",
-    "ms": "malay",
-    "cs": "czech",
-    "ro": "romanian",
-    "da": "danish",
-    "hu": "hungarian",
-    "ta": "tamil",
-    "no": "norwegian",
-    "th": "thai",
-    "ur": "urdu",
-    "hr": "croatian",
-    "bg": "bulgarian",
-    "lt": "lithuanian",
-    "la": "latin",
-    "mi": "maori",
-    "ml": "malayalam",
-    "cy": "welsh",
-    "sk": "slovak",
-    "te": "telugu",
-    "fa": "persian",
-    "lv": "latvian",
-    "bn": "bengali",
-    "sr": "serbian",
-    "az": "azerbaijani",
-    "sl": "slovenian",
-    "kn": "kannada",
-    "et": "estonian",
-    "mk": "macedonian",
-    "br": "breton",
-    "eu": "basque",
-    "is": "icelandic",
-    "hy": "armenian",
-    "ne": "nepali",
-    "mn": "mongolian",
-    "bs": "bosnian",
-    "kk": "kazakh",
-    "sq": "albanian",
-    "sw": "swahili",
-    "gl": "galician",
-    "mr": "marathi",
-    "pa": "punjabi",
-    "si": "sinhala",
-    "km": "khmer",
-    "sn": "shona",
-    "yo": "yoruba",
-    "so": "somali",
-    "af": "afrikaans",
-    "oc": "occitan",
-    "ka": "georgian",
-    "be": "belarusian",
-    "tg": "tajik",
-    "sd": "sindhi",
-    "gu": "gujarati",
-    "am": "amharic",
-    "yi": "yiddish",
-    "lo": "lao",
-    "uz": "uzbek",
-    "fo": "faroese",
-    "ht": "haitian creole",
-    "ps": "pashto",
-    "tk": "turkmen",
-    "nn": "nynorsk",
-    "mt": "maltese",
-    "sa": "sanskrit",
-    "lb": "luxembourgish",
-    "my": "myanmar",
-    "bo": "tibetan",
-    "tl": "tagalog",
-    "mg": "malagasy",
-    "as": "assamese",
-    "tt": "tatar",
-    "haw": "hawaiian",
-    "ln": "lingala",
-    "ha": "hausa",
-    "ba": "bashkir",
-    "jw": "javanese",
-    "su": "sundanese",
-    "yue": "cantonese",
-}
-
-# English name (and common aliases) -> code, so users may say "German" or "castilian".
-TO_LANGUAGE_CODE: dict[str, str] = {
-    **{name: code for code, name in LANGUAGES.items()},
-    "burmese": "my",
-    "valencian": "ca",
-    "flemish": "nl",
-    "haitian": "ht",
-    "letzeburgesch": "lb",
-    "pushto": "ps",
-    "panjabi": "pa",
-    "moldavian": "ro",
-    "moldovan": "ro",
-    "sinhalese": "si",
-    "castilian": "es",
-    "mandarin": "zh",
-}
+__all__ = ["LANGUAGES", "TO_LANGUAGE_CODE", "Tokenizer", "TokenizerOptionError", "get_tokenizer"]
 
 NUM_TIMESTAMP_TOKENS = 1501  # 0.00 s .. 30.00 s inclusive
 SECONDS_PER_TIMESTAMP = 0.02
@@ -158,16 +30,8 @@ TASKS = ("transcribe", "translate")
 # has 50257. That id is the cleanest single fact that tells the two vocabularies apart.
 _GPT2_EOT = 50256
 
-# Older tokenizer.json files (e.g. tiny.en's) spell some language tokens with retired ISO codes.
-_LEGACY_LANGUAGE_CODES = {"iw": "he"}
-
 # Languages written without spaces between words: word boundaries fall on character boundaries.
 _UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
-
-# GPT-2's pre-tokenizer: BPE never merges across these pieces.
-_PRETOKENIZE = regex.compile(
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
 
 # Symbols the reference suppresses by default so that the decoder does not invent speaker tags,
 # sound-effect annotations or music notes that were not spoken.
@@ -180,144 +44,10 @@ _NON_SPEECH_SYMBOLS = [
 _MUSICAL_SYMBOLS = "♩♪♫♬♭♮♯"
 
 
-class TokenizerOptionError(WhisperKVError, ValueError):
-    """A language or task was asked for that this model's vocabulary cannot express."""
-
-
-def _byte_alphabet() -> list[str]:
-    """Map each byte to the printable character that stands for it in byte-level BPE files.
-
-    Vocab files must be plain text, so bytes that print as themselves in Latin-1 keep their own code
-    point and the remaining 68 (controls, space, soft hyphen, ...) are moved to 256, 257, ... in order.
-    """
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 0x100)}
-    alphabet: list[str] = []
-    next_free = 256
-    for byte in range(256):
-        if byte in printable:
-            alphabet.append(chr(byte))
-        else:
-            alphabet.append(chr(next_free))
-            next_free += 1
-    return alphabet
-
-
-_CHAR_TO_BYTE: dict[str, int] = {char: byte for byte, char in enumerate(_byte_alphabet())}
-
-
-def _vocab_key_to_bytes(key: str) -> bytes:
-    try:
-        return bytes(_CHAR_TO_BYTE[char] for char in key)
-    except KeyError as exc:
-        raise ValueError(f"vocabulary entry {key!r} is not byte-level text") from exc
-
-
 def _format_timestamp(step: int) -> str:
     # Integer arithmetic so "<|1.08|>" never comes out as "<|1.0799999|>".
     hundredths = step * 2
     return f"<|{hundredths // 100}.{hundredths % 100:02d}|>"
-
-
-class _Vocabulary:
-    """The immutable part of a tokenizer.json: byte strings, ids and special tokens.
-
-    Shared by all Tokenizer objects made from the same file, so switching language or task is free.
-    """
-
-    def __init__(self, path: Path) -> None:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-            vocab: dict[str, int] = data["model"]["vocab"]
-            added: list[dict] = data.get("added_tokens", [])
-        except FileNotFoundError as exc:
-            raise ModelLoadError(f"{path}: tokenizer file not found") from exc
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from exc
-
-        self.path = path
-        self.specials: dict[str, int] = {entry["content"]: int(entry["id"]) for entry in added}
-        if "<|endoftext|>" not in self.specials:
-            raise ModelLoadError(f"{path}: no <|endoftext|> among added_tokens")
-        self.eot = self.specials["<|endoftext|>"]
-
-        # Every id below <|endoftext|> is a plain BPE token; everything from eot upward is special.
-        token_bytes: list[bytes | None] = [None] * self.eot
-        for key, token_id in vocab.items():
-            if 0 <= token_id < self.eot:
-                try:
-                    token_bytes[token_id] = _vocab_key_to_bytes(key)
-                except ValueError as exc:
-                    raise ModelLoadError(f"{path}: {exc}") from exc
-        missing = [i for i, value in enumerate(token_bytes) if value is None]
-        if missing:
-            raise ModelLoadError(f"{path}: vocabulary has no entry for ids {missing[:5]}...")
-        self.token_bytes: tuple[bytes, ...] = tuple(b for b in token_bytes if b is not None)
-
-        # id doubles as merge rank. The multilingual file holds one empty entry; it can never match.
-        self.ranks: dict[bytes, int] = {b: i for i, b in enumerate(self.token_bytes) if b}
-        self.special_names: dict[int, str] = {token_id: name for name, token_id in self.specials.items()}
-
-        # Language code -> <|xx|> id, in id order (the order of the model's language logits).
-        self.languages: dict[str, int] = {}
-        for token_id, name in sorted(self.special_names.items()):
-            if name.startswith("<|") and name.endswith("|>"):
-                code = _LEGACY_LANGUAGE_CODES.get(name[2:-2], name[2:-2])
-                if code in LANGUAGES:
-                    self.languages[code] = token_id
-        self.encode_piece = lru_cache(maxsize=1 << 16)(self._encode_piece)
-
-    def _encode_piece(self, piece: bytes) -> tuple[int, ...]:
-        """BPE-encode one pre-tokenized piece, exactly as tiktoken does.
-
-        A piece that is itself a token is returned whole; otherwise start from single bytes and keep
-        merging the leftmost adjacent pair whose concatenation has the lowest id.
-        """
-        whole = self.ranks.get(piece)
-        if whole is not None:
-            return (whole,)
-        parts = [piece[i : i + 1] for i in range(len(piece))]
-        while len(parts) > 1:
-            best_rank = -1
-            best_index = -1
-            for index in range(len(parts) - 1):
-                rank = self.ranks.get(parts[index] + parts[index + 1])
-                if rank is not None and (best_index < 0 or rank < best_rank):
-                    best_rank, best_index = rank, index
-            if best_index < 0:
-                break
-            parts[best_index : best_index + 2] = [parts[best_index] + parts[best_index + 1]]
-        return tuple(self.ranks[part] for part in parts)
-
-
-@lru_cache(maxsize=8)
-def _load_vocabulary(path: str, mtime_ns: int) -> _Vocabulary:
-    # mtime is part of the cache key so an edited file is read again.
-    return _Vocabulary(Path(path))
-
-
-def _resolve_tokenizer_json(path: str | Path) -> Path:
-    path = Path(path)
-    return path / "tokenizer.json" if path.is_dir() else path
-
-
-def _open_vocabulary(path: str | Path) -> _Vocabulary:
-    path = _resolve_tokenizer_json(path).resolve()
-    try:
-        mtime_ns = path.stat().st_mtime_ns
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: tokenizer file not found") from exc
-    return _load_vocabulary(str(path), mtime_ns)
-
-
-def _normalize_language(language: str) -> str:
-    """Accept a code ("de") or an English name/alias ("German", "castilian"); return the code."""
-    key = language.strip().lower()
-    if key in LANGUAGES:
-        return key
-    if key in TO_LANGUAGE_CODE:
-        return TO_LANGUAGE_CODE[key]
-    raise TokenizerOptionError(f"unknown language {language!r}")
 
 
 class Tokenizer:
@@ -329,7 +59,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        vocabulary: _Vocabulary,
+        vocabulary: Vocabulary,
         *,
         multilingual: bool,
         language: str | None = None,
@@ -340,7 +70,7 @@ class Tokenizer:
         if task is not None and task not in TASKS:
             raise TokenizerOptionError(f"unknown task {task!r}; expected one of {TASKS}")
         if language is not None:
-            language = _normalize_language(language)
+            language = normalize_language(language)
             if language not in vocabulary.languages:
                 raise TokenizerOptionError(
                     f"language {language!r} ({LANGUAGES[language]}) is not in this model's vocabulary"
@@ -375,7 +105,7 @@ class Tokenizer:
         ``multilingual`` and ``num_languages`` are read from the file; passing them checks that the file
         matches the model weights it will be used with, catching a mismatched pair early.
         """
-        vocabulary = _open_vocabulary(path)
+        vocabulary = open_vocabulary(path)
         is_multilingual = vocabulary.eot != _GPT2_EOT
         if multilingual is not None and multilingual != is_multilingual:
             kind = "multilingual" if is_multilingual else "English-only"
@@ -420,7 +150,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Encode text as BPE tokens. Special-token spellings like "<|en|>" are treated as plain text."""
         ids: list[int] = []
-        for piece in _PRETOKENIZE.findall(text):
+        for piece in PRETOKENIZE.findall(text):
             ids.extend(self._vocab.encode_piece(piece.encode("utf-8")))
         return ids
 
@@ -559,7 +289,7 @@ class Tokenizer:
             if self.language is None:
                 raise TokenizerOptionError("no language given and none configured")
             language = self.language
-        code = _normalize_language(language)
+        code = normalize_language(language)
         token_id = self._vocab.languages.get(code)
         if token_id is None:
             raise TokenizerOptionError(f"language {code!r} is not in this model's vocabulary")
@@ -626,65 +356,18 @@ class Tokenizer:
         Every token lands in exactly one group, in order. The rules are the reference's, so word
         boundaries (and hence word timings) match it.
         """
-        code = _normalize_language(language) if language is not None else self.language
+        code = normalize_language(language) if language is not None else self.language
         if code in _UNSPACED_LANGUAGES:
-            return self._split_on_characters(ids)
-        return self._split_on_spaces(ids)
+            return split_on_characters(self, ids)
+        return split_on_spaces(self, ids)
 
     def split_tokens_on_unicode(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
         """The reference's name: one group per completed UTF-8 character run (unspaced languages)."""
-        return self._split_on_characters(tokens)
+        return split_on_characters(self, tokens)
 
     def split_tokens_on_spaces(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
         """The reference's name: one group per space-led word or punctuation (spaced languages)."""
-        return self._split_on_spaces(tokens)
-
-    def _split_on_characters(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
-        """Cut after each token that completes a UTF-8 character.
-
-        A group's text containing U+FFFD means its bytes are cut mid-character, unless the full
-        decoding has U+FFFD at the same place too (the bytes were genuinely invalid): then it is done.
-        """
-        full = self.decode_with_timestamps(ids)
-        words: list[str] = []
-        groups: list[list[int]] = []
-        group: list[int] = []
-        pending = b""
-        offset = 0  # characters of `full` already emitted
-        for token_id in ids:
-            group.append(int(token_id))
-            pending += self.token_bytes(token_id)
-            text = pending.decode("utf-8", errors="replace")
-            bad = text.find("\ufffd")
-            if bad < 0 or full[offset + bad : offset + bad + 1] == "\ufffd":
-                words.append(text)
-                groups.append(group)
-                offset += len(text)
-                group, pending = [], b""
-        if group:  # unreachable for well-formed input; never lose tokens
-            words.append(pending.decode("utf-8", errors="replace"))
-            groups.append(group)
-        return words, groups
-
-    def _split_on_spaces(self, ids: Sequence[int]) -> tuple[list[str], list[list[int]]]:
-        words: list[str] = []
-        groups: list[list[int]] = []
-        for text, group in zip(*self._split_on_characters(ids), strict=True):
-            starts_word = (
-                not words
-                or group[0] >= self.eot
-                or text.startswith(" ")
-                # A substring test, as in the reference: "" and runs such as "()" count as punctuation,
-                # "..." does not. Kept identical so word timings line up with the reference.
-                or text.strip() in string.punctuation
-            )
-            if starts_word:
-                words.append(text)
-                groups.append(list(group))
-            else:
-                words[-1] += text
-                groups[-1].extend(group)
-        return words, groups
+        return split_on_spaces(self, tokens)
 
 
 def get_tokenizer(

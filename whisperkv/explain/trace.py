@@ -117,6 +117,20 @@ def _window_prompt(segments: list[dict], seek: int) -> list[int]:
     return prompt
 
 
+def _chosen_window(result: dict, window: int, path: str) -> tuple[list[int], int, list[dict]]:
+    """The decoded windows' seeks, the ``window``-th one's seek and its segments; a clear error for a
+    file with no decoded window or a window it does not have."""
+    seeks = sorted({s["seek"] for s in result["segments"]})
+    if not seeks:
+        raise ValueError(f"{path}: transcription decoded no window (silence?): nothing to explain")
+    if not 0 <= window < len(seeks):
+        raise ValueError(
+            f"--window {window}: {path} has {len(seeks)} decoded window(s), 0 to {len(seeks) - 1}"
+        )
+    seek = seeks[window]
+    return seeks, seek, [s for s in result["segments"] if s["seek"] == seek]
+
+
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 3)
 
@@ -133,15 +147,7 @@ def trace_window(
     result = model.transcribe(
         audio, language=language, beam_size=beam_size, word_timestamps=True, verbose=None
     )
-    seeks = sorted({s["seek"] for s in result["segments"]})
-    if not seeks:
-        raise ValueError(f"{path}: transcription decoded no window (silence?): nothing to explain")
-    if not 0 <= window < len(seeks):
-        raise ValueError(
-            f"--window {window}: {path} has {len(seeks)} decoded window(s), 0 to {len(seeks) - 1}"
-        )
-    seek = seeks[window]
-    segments = [s for s in result["segments"] if s["seek"] == seek]
+    seeks, seek, segments = _chosen_window(result, window, path)
     content = mel_all.shape[-1] - N_FRAMES
     size = min(N_FRAMES, content - seek)
     mel = pad_or_trim(mel_all[:, seek : seek + size], N_FRAMES).to(model.device, model.dtype)[None]
