@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/batched_memory.py --minutes 1.5,20 --modes batched
 
 Each run is its own process (``memory.py``'s worker: one model load, one greedy transcription; the files
-built at run time in a temp dir from the long-form recordings). The claim it checks: past the first full
-batch (about 4 min of speech at batch size 8) the batched peak no longer grows with the length, as the
-sequential one does not.
+built at run time in a temp dir from the long-form recordings). The claim it checks: the batched peak is
+set by how many windows a batch holds (each its own Cross-KV, Self-KV and encoder output), not by the
+length: once every batch is full (batch size 8; the queue splits 9 windows as 5 + 4, so about 20 min of
+speech) it is flat, as the sequential one is from the start.
 """
 
 from __future__ import annotations
