@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +122,12 @@ def compile_library(
     into ``path``. Also how the tests build a variant (other flags, one source) to compare with the
     library: linked this way, loading it leaves the process's floating-point state alone too."""
     objects = [str(path.with_name(f"{path.stem}-{source.stem}.o")) for source in sources]
-    for source, obj in zip(sources, objects):
-        command = [compiler, *flags, "-c", str(source), "-o", obj]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
+    commands = [[compiler, *flags, "-c", str(source), "-o", obj] for source, obj in zip(sources, objects)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # one compiler per core
+        for done in pool.map(
+            lambda command: subprocess.run(command, capture_output=True, timeout=120), commands
+        ):
+            done.check_returncode()
     link = [compiler, *LINK_FLAGS, *objects, "-o", str(path), "-lm"]
     subprocess.run(link, check=True, capture_output=True, timeout=120)
     return path
