@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,13 +50,17 @@ def export_openvino(source: str | Path, directory: str | Path, kind: str = "defa
     if (out / "openvino_decoder_model.xml").is_file():
         return out
     hf = transformers_dir(source, directory)
+    partial = directory / f".openvino-{kind}.partial"  # renamed once whole: a stopped export is redone
+    shutil.rmtree(partial, ignore_errors=True)
     command = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino"]
-    command += ["--model", str(hf), "--task", TASK, *KINDS[kind], str(out)]
+    command += ["--model", str(hf), "--task", TASK, *KINDS[kind], str(partial)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # never a hub
     done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0 or not (out / "openvino_decoder_model.xml").is_file():
+    if done.returncode != 0 or not (partial / "openvino_decoder_model.xml").is_file():
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"optimum-cli export openvino ({kind}) failed:\n{tail}")
+    os.replace(partial, out)
     return out
 
 

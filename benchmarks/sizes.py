@@ -230,7 +230,8 @@ def _prepare(size: str, directory: Path, smoke: bool, engines: list[str]) -> dic
             if not (out / "model.bin").is_file():
                 import ctranslate2
 
-                ctranslate2.converters.TransformersConverter(str(hf)).convert(str(out), quantization=kind)
+                converter = ctranslate2.converters.TransformersConverter(str(hf))
+                converter.convert(str(out), quantization=kind, force=True)
             paths[engine] = str(out)
         except (ImportError, RuntimeError) as err:
             print(f"  {engine}: not prepared: {str(err).splitlines()[0]}", flush=True)
