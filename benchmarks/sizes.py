@@ -338,11 +338,17 @@ def main() -> int:
             paths = _prepare(size, directory, args.smoke, engines)
             print(f"# {size}: weights ready in {time.perf_counter() - started:.0f} s", flush=True)
             results: dict[str, list[dict]] = {e: [] for e in engines}
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for engine in engines:
                     run = _run_engine(engine, paths, args)
                     if run is not None:
                         results[engine].append(run)
+                        print(
+                            f"  round {round_ + 1} {engine:28} load {run['load_s']:6.2f} s, encoder "
+                            f"{run['encoder_ms']:9.1f} ms, step {run['step_ms']:7.2f} ms, "
+                            f"peak RSS {run['peak_rss_mb']:6.0f} MB",
+                            flush=True,
+                        )
             _print_size(size, results)
     return 0
 
