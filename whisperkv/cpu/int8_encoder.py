@@ -4,7 +4,7 @@ Why: a window's encoder is compute-bound (1,500 positions through every weight),
 twice the products of AVX512-BF16 an instruction. On a 2-core AMD EPYC (Zen 4: VNNI and BF16, no AMX)
 at large-v3-turbo's width, the rows kernel (``kernels/int8_rows.c``: each position quantised on its
 own, as a decoder step's rows are) took 62 and 54 CPU ms for the MLP's two linears against 102 and 95
-through PyTorch's bfloat16 (oneDNN), 1.6-1.8x (``benchmarks/encoder_int8.py``, shared machine).
+through PyTorch's bfloat16 (oneDNN), 1.6-1.8x (``benchmarks/encoder_int8.py``, CPU time, shared machine).
 
 * ``Int8EncoderBlock``: each linear of a block with its LayerNorm, bias, GELU and residual in one C call
   (``Int8StepRows``, the decoder step's), the attention between them as the block's own (head by head in
