@@ -11,9 +11,10 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
   value projections where the encoder is bfloat16: they run once per window over 1,500 positions
   (compute-bound, like the encoder), in bfloat16 too.
-* the encoder is compute-bound (1,500 positions per window). On a CPU with native bfloat16 matrix
-  instructions (AMX / AVX512-BF16) it runs in bfloat16, which is both faster and closer to float32
-  than int8 there; elsewhere its linear layers become ``Int8Linear`` too.
+* the encoder is compute-bound (1,500 positions per window). With AMX it runs in bfloat16 tiles, both
+  faster and closer to float32 than int8 there; with AVX512-VNNI but no AMX its linears are int8 through
+  the rows kernel, which makes twice the products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
+  bfloat16 where the CPU has AVX512-BF16, else int8 through fbgemm (``encoder_choice``).
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
 * the Self-KV and Cross-KV are held in bfloat16 where the attention kernel below reads them (half the
