@@ -78,8 +78,9 @@ def encoder_choice(kernel: Int8RowsKernel | None) -> str:
 
     Why int8 before bfloat16 without AMX: AVX512-VNNI does twice the products of AVX512-BF16 an
     instruction. At large-v3-turbo's width (1,500 positions, 1280 -> 5120 and 5120 -> 1280) the rows
-    kernel took 373 and 235 ms against PyTorch's bfloat16 linears' 647 and 385 (2-core AMD EPYC Zen 4,
-    shared machine, medians of 7; ``benchmarks/sizes.py`` has the whole encoder)."""
+    kernel took 58 CPU ms each against PyTorch's bfloat16 linears' 99, and two encoder layers 687 against
+    971 CPU ms (2-core AMD EPYC Zen 4, shared machine, medians of 5: ``benchmarks/encoder_int8.py``);
+    tiny.en's words: 163 errors against bfloat16's 170 in 2,288 (``benchmarks/int8_variants.py``)."""
     if cpu_has_amx_bf16() and cpu_has_fast_bfloat16():
         return "bfloat16"
     if kernel is not None:
