@@ -1,4 +1,4 @@
-"""Side by side: whisperkv, faster-whisper, whisper.cpp and openai-whisper, on the same weights.
+"""Side by side: whisperkv, faster-whisper, whisper.cpp, OpenVINO GenAI and openai-whisper, same weights.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench.py                    # tiny.en, all audio, greedy + beam 5
     PYTHONPATH=. .venv/bin/python benchmarks/bench.py --model base       # the same table for base
@@ -8,11 +8,15 @@
 
 Each engine runs in its own worker process (model loaded once, load time excluded), all with the same
 thread count; runs are interleaved A B C A B C ... and the table reports medians. Peers come with the
-``whisperkv[bench]`` extra (faster-whisper, pywhispercpp; openai-whisper is in the test extra); a missing
-one is reported and skipped. Audio is built at run time from ../shared/data/speech, never committed:
-``short`` (jfk, 11 s), ``long`` (both long recordings then short clips, >= 5 min) and ``utterances``
-(the short English clips in a shuffled order with random pauses between them). whisper.cpp reads a
-float16 ggml file written from the same OpenAI ``.pt`` by ``ggml_export.py`` into a temporary directory.
+``whisperkv[bench]`` extra (faster-whisper, pywhispercpp, openvino-genai with optimum-intel;
+openai-whisper is in the test extra); a missing one is reported and skipped. OpenVINO runs an export
+of the same weights made offline at the start (``openvino_export.py``: ``openvino-default``, float32
+weights at the CPU plugin's default precision, and ``openvino-int8``); ``whisperkv-fp32-nokernels``
+is the float32 type with ``CC=false`` (no C kernels: what a machine without a compiler runs).
+Audio is built at run time from ../shared/data/speech, never committed: ``short`` (jfk, 11 s), ``long``
+(both long recordings then short clips, >= 5 min) and ``utterances`` (the short English clips in a
+shuffled order with random pauses between them). whisper.cpp reads a float16 ggml file written from the
+same OpenAI ``.pt`` by ``ggml_export.py`` into a temporary directory.
 
 Printed first: the CPU, the BLAS libraries, the versions and the commit; then per engine and audio the
 median time, real-time factor, peak RSS, WER (with errors/words), output tokens, ms per output token,
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engines import BATCH_SIZE, BEFORE, ENGINES, worker  # noqa: E402
-from bench_inputs import SAMPLE_RATE, SPEECH, build_audio, model_files  # noqa: E402, F401 - re-exported
+from bench_inputs import SAMPLE_RATE, SPEECH, build_audio, model_files, openvino_files  # noqa: E402, F401
 from provenance import describe  # noqa: E402
 
 ENCODER_GFLOP_TINY = 36.9  # per 30 s window, as the performance issue counts it
@@ -83,6 +87,16 @@ SPEED_GOALS = [
     ("int8 <= 0.7 x faster-whisper int8", "whisperkv-int8", "faster-whisper-int8", 0.7),
     ("batched int8 <= 0.7 x fw batched int8", "whisperkv-batched-int8", "faster-whisper-batched-int8", 0.7),
     ("batched fp32 <= 0.7 x fw batched fp32", "whisperkv-batched-fp32", "faster-whisper-batched-fp32", 0.7),
+]
+# issue 46: OpenVINO GenAI as a peer (tiny.en), and the float32 type where the C kernels cannot be built
+# (``whisperkv-fp32-nokernels``: CC=false); (goal, whisperkv engine, peer engine, modes, largest ratio)
+MODES = ("greedy", "beam5")
+PEER_GOALS = [
+    ("int8 <= 0.5 x OpenVINO int8", "whisperkv-int8", "openvino-int8", ("greedy",), 0.5),
+    ("fp32 <= 0.9 x OpenVINO default", "whisperkv-fp32", "openvino-default", ("greedy",), 0.9),
+    ("int8 ahead of OpenVINO int8", "whisperkv-int8", "openvino-int8", ("beam5",), 1.0),
+    ("fp32 ahead of OpenVINO default", "whisperkv-fp32", "openvino-default", ("beam5",), 1.0),
+    ("fp32 no kernels <= 1.0 x fw fp32", "whisperkv-fp32-nokernels", "faster-whisper-fp32", MODES, 1.0),
 ]
 RSS_GOALS = [
     ("whisperkv-fp32", "faster-whisper-fp32"),
@@ -135,6 +149,11 @@ def print_goals(table: dict, results: dict, refs: dict, model: str = "tiny.en") 
         for what, ours, peer, limit in SPEED_GOALS:
             a, b = (ours, audio_name, mode), (peer, audio_name, mode)
             if a in table and b in table:
+                ratio = table[a] / table[b]
+                print(f"  {audio_name:<10} {mode:<6} {what:<40} {ratio:5.2f}  {_verdict(ratio <= limit)}")
+        for what, ours, peer, goal_modes, limit in PEER_GOALS:
+            a, b = (ours, audio_name, mode), (peer, audio_name, mode)
+            if mode in goal_modes and a in table and b in table:
                 ratio = table[a] / table[b]
                 print(f"  {audio_name:<10} {mode:<6} {what:<40} {ratio:5.2f}  {_verdict(ratio <= limit)}")
         fp32, ref = ("whisperkv-fp32", audio_name, mode), ("openai-whisper-fp32", audio_name, mode)
@@ -215,6 +234,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="whisperkv-bench-"))
     try:
         paths = model_files(args.model, tmp)
+        paths.update(openvino_files(args.model, args.engines.split(","), tmp))
         if args.before:
             paths["before"] = str(Path(args.before).resolve())
             before = [e + BEFORE for e in args.engines.split(",") if e.startswith("whisperkv-")]

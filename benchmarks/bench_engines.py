@@ -1,9 +1,10 @@
 """The engines ``bench.py`` times, each run inside a worker process of its own.
 
-whisperkv (and, with ``--before``, the same engines from an older checkout), faster-whisper
-(sequential and its ``BatchedInferencePipeline``), whisper.cpp (pywhispercpp) and openai-whisper, all
-on the same weights (``bench_inputs.model_files``). ``worker`` loads one, warms it up, then
-transcribes what it is sent.
+whisperkv (and, with ``--before``, the same engines from an older checkout; ``-nokernels``: float32
+where no C compiler works), faster-whisper (sequential and its ``BatchedInferencePipeline``),
+whisper.cpp (pywhispercpp), OpenVINO GenAI and openai-whisper, all on the same weights
+(``bench_inputs.model_files``, ``openvino_files``). ``worker`` loads one, warms it up, then transcribes
+what it is sent.
 """
 
 from __future__ import annotations
@@ -164,6 +165,34 @@ class WhisperCpp(Engine):
         return {"text": "".join(s.text for s in segments), "tokens": None, "windows": None}
 
 
+class OpenVINO(Engine):
+    """OpenVINO GenAI's ``WhisperPipeline`` (Intel's engine) on an export of the same weights
+    (``openvino_export.py``): ``default`` (float32 weights, the CPU plugin's default inference precision:
+    bfloat16 where the CPU has AVX512-BF16 or AMX) or ``int8`` weights. Timestamps on, as whisperkv's
+    long-form transcription has them: a long file is cut where its windows' last timestamps say."""
+
+    def __init__(self, model_dir: str, kind: str, threads: int) -> None:
+        import openvino as ov
+        import openvino_genai
+
+        self.pipeline = openvino_genai.WhisperPipeline(model_dir, "CPU", INFERENCE_NUM_THREADS=threads)
+        precision = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
+        version = openvino_genai.__version__.split("-")[0]
+        self.name = f"OpenVINO GenAI {version} {kind} (CPU plugin's precision {precision})"
+
+    def transcribe(self, audio, beam_size):
+        config = self.pipeline.get_generation_config()
+        config.num_beams, config.return_timestamps = beam_size or 1, True
+        if config.is_multilingual:
+            config.language, config.task = "<|en|>", "transcribe"
+        result = self.pipeline.generate(audio.tolist(), config)
+        return {
+            "text": "".join(result.texts),
+            "tokens": result.perf_metrics.get_num_generated_tokens(),
+            "windows": None,
+        }
+
+
 class OpenAIWhisper(Engine):
     def __init__(self, pt_path: str) -> None:
         import whisper
@@ -189,12 +218,15 @@ ENGINES = (
     "whisperkv-batched-int8",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
+    "whisperkv-fp32-nokernels",
     "faster-whisper-fp32",
     "faster-whisper-int8",
     "faster-whisper-batched-int8",
     "faster-whisper-batched-fp32",
     "whisper.cpp-f16",
     "openai-whisper-fp32",
+    "openvino-default",
+    "openvino-int8",
 )
 BEFORE = "@before"  # a whisperkv engine's suffix: the same engine from the checkout ``--before`` names
 
@@ -209,6 +241,9 @@ def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
         return FasterWhisper(paths["ct2_dir"], compute, threads, batched="batched" in spec)
     if spec == "whisper.cpp-f16":
         return WhisperCpp(paths["ggml"], threads)
+    if spec.startswith("openvino-"):
+        kind = spec.removeprefix("openvino-")
+        return OpenVINO(paths[spec], kind, threads)
     if spec == "openai-whisper-fp32":
         return OpenAIWhisper(paths["pt"])
     raise ValueError(f"unknown engine {spec!r}: one of {', '.join(ENGINES)}")
@@ -225,8 +260,22 @@ def _use_checkout(spec: str, paths: dict) -> str:
     return spec.removesuffix(BEFORE)
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM, not ``ru_maxrss``, which Linux carries over an exec from the
+    process that forked it (here the benchmark's parent, with all the audio: every worker read >= its RSS)."""
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def worker(spec: str, threads: int, paths: dict, audios: dict, conn) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "-nokernels" in spec:  # a compiler that fails: the C kernels are not built, PyTorch's paths run
+        os.environ["CC"] = "false"
     try:
         import torch
 
@@ -234,6 +283,8 @@ def worker(spec: str, threads: int, paths: dict, audios: dict, conn) -> None:
         engine = _make_engine(_use_checkout(spec, paths), threads, paths)
         if spec.endswith(BEFORE):
             engine.name += " before"
+        if "-nokernels" in spec:
+            engine.name += " (CC=false: no C kernels)"
         engine.transcribe(audios["warmup"], None)  # first call pays one-off costs
     except Exception as exc:  # noqa: BLE001 - an unavailable peer is reported, not fatal
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -247,5 +298,5 @@ def worker(spec: str, threads: int, paths: dict, audios: dict, conn) -> None:
         start = time.perf_counter()
         run = engine.transcribe(audios[name], beam)
         elapsed = time.perf_counter() - start
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss = peak_rss_bytes()
         conn.send(("done", elapsed, run, rss))

@@ -40,6 +40,21 @@ def model_files(model: str, tmp: Path) -> dict:
     return {"model": model, "pt": str(pt), "ct2_dir": str(ct2_dir), "ggml": str(ggml)}
 
 
+def openvino_files(model: str, engines: list[str], tmp: Path) -> dict:
+    """The OpenVINO exports the ``openvino-KIND`` engines among ``engines`` run, from the same weights
+    (``openvino_export.py``); an export that fails is reported and its engine left out."""
+    from openvino_export import export_openvino
+
+    paths = {}
+    for spec in engines:
+        if spec.startswith("openvino-"):
+            try:
+                paths[spec] = str(export_openvino(model, tmp / "openvino", spec.removeprefix("openvino-")))
+            except (ImportError, RuntimeError, ValueError) as err:
+                print(f"[skip] {spec}: {err}", flush=True)
+    return paths
+
+
 def _manifest() -> list[dict]:
     with open(SPEECH / "manifest.tsv", encoding="utf-8") as f:
         return list(csv.DictReader(f, delimiter="\t"))

@@ -6,10 +6,13 @@ The int8 type (``cpu/quantize.py``) approximates in several places at once. Each
 one of them on the same float32 weights, and every variant transcribes the benchmark's utterances file
 (built as ``bench.py`` builds it, 120 s) and its long file, greedy and beam 5, with the language given:
 
-* ``int8``          — the type as loaded: int8 decoder linears and vocabulary, bfloat16 caches, and a
-                      bfloat16 encoder where the CPU multiplies bfloat16 natively;
+* ``int8``          — the type as loaded: int8 decoder linears and vocabulary, bfloat16 caches, and the
+                      encoder this CPU gets (``cpu/quantize.py``'s ``encoder_choice``: bfloat16 with AMX,
+                      int8 linears through the rows kernel with AVX512-VNNI, ...);
 * ``float32-caches``— Self-KV and Cross-KV held in float32;
-* ``int8-encoder``  — the encoder's linears in int8 instead of bfloat16;
+* ``bfloat16-encoder`` — the encoder in bfloat16;
+* ``int8-rows-encoder`` — the encoder's linears in int8 through the rows kernel (each position's own scale);
+* ``int8-encoder``  — the encoder's linears in int8 through fbgemm (one scale a window);
 * ``float32-vocab`` — the vocabulary projection in float32 (the table's int8 copy left unused);
 * ``float32``       — no approximation: the reference's numbers.
 
@@ -36,7 +39,17 @@ from whisperkv.cpu.quantize import quantize_int8  # noqa: E402
 from whisperkv.metrics import word_errors  # noqa: E402
 from whisperkv.model.whisper import Whisper  # noqa: E402
 
-VARIANTS = ("int8", "float32-caches", "int8-encoder", "float32-vocab", "float32")
+VARIANTS = (
+    "int8",
+    "float32-caches",
+    "bfloat16-encoder",
+    "int8-rows-encoder",
+    "int8-encoder",
+    "float32-vocab",
+)
+VARIANTS += ("float32",)
+#: the variants that choose the encoder, and the encoder they choose (``quantize_int8``'s ``encoder``)
+ENCODERS = {"bfloat16-encoder": "bfloat16", "int8-rows-encoder": "int8 rows", "int8-encoder": "int8"}
 
 
 def load_variant(model: str, variant: str) -> Whisper:
@@ -45,7 +58,7 @@ def load_variant(model: str, variant: str) -> Whisper:
     if variant == "float32":
         return loaded
     projection = loaded.decoder.logits_projection  # the float32 table's projection, before quantising
-    quantize_int8(loaded, encoder_bfloat16=False if variant == "int8-encoder" else None)
+    quantize_int8(loaded, encoder=ENCODERS.get(variant))
     if variant == "float32-caches":
         use_attention_kernels(loaded, True, bfloat16_caches=False)
     if variant == "float32-vocab":
@@ -66,7 +79,7 @@ def main() -> int:
         f"\nmodel {args.model}; utterances {len(audios['utterances']) / 16000:.1f} s, long "
         f"{len(audios['long']) / 16000:.1f} s"
     )
-    print(f"\n{'variant':<16} {'audio':<11} {'mode':<7} {'errors/words':>13} {'seconds':>8}")
+    print(f"\n{'variant':<18} {'audio':<11} {'mode':<7} {'errors/words':>13} {'seconds':>8}")
     for variant in args.variants.split(","):
         if variant not in VARIANTS:
             print(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
@@ -80,7 +93,7 @@ def main() -> int:
                 errors, words = word_errors(refs[audio], result["text"])
                 mode = "beam5" if beam else "greedy"
                 cell = f"{errors}/{words}"
-                print(f"{variant:<16} {audio:<11} {mode:<7} {cell:>13} {seconds:>8.1f}", flush=True)
+                print(f"{variant:<18} {audio:<11} {mode:<7} {cell:>13} {seconds:>8.1f}", flush=True)
         del model
     return 0
 

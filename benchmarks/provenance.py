@@ -11,7 +11,15 @@ import os
 import subprocess
 from pathlib import Path
 
-PEERS = ("torch", "numpy", "faster-whisper", "ctranslate2", "openai-whisper", "pywhispercpp")
+PEERS = (
+    "torch",
+    "numpy",
+    "faster-whisper",
+    "ctranslate2",
+    "openai-whisper",
+    "pywhispercpp",
+    "openvino-genai",
+)
 
 
 def cpu_model() -> str:

@@ -10,6 +10,9 @@ pip install -q --upgrade pip
 # CPU build of torch first (a bare "torch" requirement would pull a multi-GB CUDA build).
 pip install -q torch==2.13.0
 pip install -q -e ".[all,bench,test]"
+# optimum-intel (exports the OpenVINO peer, benchmarks/openvino_export.py) without its torchvision: PyPI's is
+# a CUDA build that replaces the CPU torch or breaks transformers' imports; its other needs are in bench.
+pip install -q --no-deps optimum-intel==2.2.0
 # Test-only reference oracle: openai-whisper without its triton requirement (a CUDA kernel compiler).
 # Its other requirements go in first; openai-whisper itself is installed last with --no-deps, so no later
 # install re-checks it and pip prints no "dependency resolver ... triton" ERROR.

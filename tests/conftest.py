@@ -29,6 +29,8 @@ ORACLES = {
     "faster_whisper": "faster-whisper",
     "ctranslate2": "ctranslate2",
     "transformers": "transformers",
+    "openvino_genai": "openvino-genai",
+    "optimum": "optimum-intel",
 }
 
 

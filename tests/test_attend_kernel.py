@@ -13,7 +13,7 @@ import torch
 from tests.conftest import torch_threads
 from whisperkv.cpu import build
 from whisperkv.cpu.attend import AttendKernel, load_kernel
-from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
@@ -190,6 +190,9 @@ def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     encoder_attention = int8_model.encoder.blocks[0].attn.kernel
     if int8_model.encoder_dtype == torch.bfloat16 and not cpu_has_amx_bf16():  # head by head
         assert isinstance(encoder_attention, HeadByHeadAttention)
+    elif "encoder int8 rows" in int8_model.weights_digest and cpu_has_bfloat16_products():
+        # int8 linears (VNNI, no AMX): the attention between them head by head in bfloat16
+        assert isinstance(encoder_attention, HeadByHeadAttention) and encoder_attention.from_float32
     elif int8_model.encoder_dtype == torch.bfloat16 and TiledEncoderAttention.available(kernel.library):
         assert isinstance(encoder_attention, TiledEncoderAttention)
     else:
@@ -206,6 +209,10 @@ def test_head_by_head_attention_is_sdpas_to_bfloat16_rounding():
     attention = HeadByHeadAttention()
     assert attention.accepts(q, k, v, None)
     assert not attention.accepts(q.float(), k.float(), v.float(), None)  # float32: SDPA, exact twin
+    # the int8 rows encoder's (float32 between its int8 linears): the same bfloat16 numbers, in float32
+    widening = HeadByHeadAttention(from_float32=True)
+    assert widening.accepts(q.float(), k.float(), v.float(), None)
+    assert torch.equal(widening(q.float(), k.float(), v.float()), attention(q, k, v).float())
     assert not attention.accepts(q[:, :1], k, v, 0)  # a decoder step
     got = attention(q, k, v)
     want = attend(q.float(), k.float(), v.float())
@@ -225,6 +232,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     linears = ", linears kernel, final norm kernel" if built else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
     names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
+    names += ("head-by-head bfloat16, linears rows kernel, convolutions bfloat16",)  # VNNI, no AMX
     assert any(own.endswith(f"{decoder}{name})") for name in names), own
     assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:

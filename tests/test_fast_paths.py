@@ -17,7 +17,8 @@ import torch
 
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from whisperkv.cpu.quantize import Int8Linear, cpu_has_fast_bfloat16, quantize_int8
+from whisperkv.cpu.int8_rows import load_rows_kernel
+from whisperkv.cpu.quantize import Int8Linear, encoder_choice, quantize_int8
 from whisperkv.decoding.logit_filters import TimestampRules
 from whisperkv.decoding.search import GreedySearch, argmax_rows
 from whisperkv.metrics import word_errors
@@ -163,7 +164,7 @@ def test_int8_model_layout(int8_model):
         assert isinstance(block.attn.qkv, Int8Linear)
         assert isinstance(block.mlp[0], Int8Linear) and isinstance(block.cross_attn.out, Int8Linear)
     assert "+int8" in int8_model.weights_digest
-    if cpu_has_fast_bfloat16():
+    if encoder_choice(load_rows_kernel()) == "bfloat16":
         assert int8_model.encoder_dtype == torch.bfloat16
         # the Cross-KV's projections (compute-bound, once a window) in bfloat16 with the encoder
         for block in decoder.blocks:

@@ -199,3 +199,30 @@ def test_convert_refuses_non_empty_destination(tmp_path):
     with pytest.raises(ValueError, match="not empty"):
         convert("tiny.en", target, "safetensors")
     assert (target / "keep.txt").read_text() == "mine"
+
+
+def test_a_float16_pt_is_widened_one_tensor_at_a_time(tmp_path):
+    """The .pt reader widens each stored tensor to float32 and lets it go at once (the load's peak is the
+    float32 weights and one stored tensor), and gives exactly the stored values."""
+    from whisperkv.model.dims import ModelDims
+    from whisperkv.model.random_weights import random_checkpoint, write_random_model
+    from whisperkv.weights import openai_pt
+
+    dims = ModelDims(80, 1500, 64, 2, 1, 51864, 448, 64, 2, 1)
+    path = write_random_model(dims, tmp_path, seed=3)
+    stored = torch.load(path, weights_only=True)["model_state_dict"]
+    names = list(stored)
+    assert all(t.dtype == torch.float16 for t in stored.values() if t.is_floating_point())
+    want = {name: tensor.float() for name, tensor in stored.items()}
+    widened = openai_pt._widened(stored)
+    assert stored == {}  # every stored tensor handed over: nothing keeps the float16 copies alive
+    assert list(widened) == names
+    assert all(
+        torch.equal(widened[name], want[name]) and widened[name].dtype == torch.float32 for name in names
+    )
+    loaded = openai_pt.load_openai_pt(path)
+    assert loaded.stored_dtype == "float16"
+    assert torch.equal(
+        loaded.state_dict["decoder.token_embedding.weight"],
+        random_checkpoint(dims, 3).state_dict["decoder.token_embedding.weight"],
+    )

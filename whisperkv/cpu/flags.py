@@ -39,3 +39,9 @@ def cpu_has_avx512f() -> bool:
 def cpu_has_avx512_vnni() -> bool:
     """True when the int8 rows kernel's fast path (512-bit ``vpdpbusd``) runs here."""
     return {"avx512f", "avx512_vnni"} <= cpu_flags()
+
+
+def cpu_has_bfloat16_products() -> bool:
+    """True when the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): a bfloat16 product is then
+    faster than a float32 one, not emulated."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())

@@ -24,16 +24,26 @@ class HeadByHeadAttention:
     int8 type's encoder 62-73 against 85-117 ms a window, and its output was as close to float32's
     (mean distance 0.01168 against 0.01171 on jfk)."""
 
+    def __init__(self, from_float32: bool = False) -> None:
+        #: also take float32 queries, keys and values (the int8 type's encoder with int8 linears, whose
+        #: outputs are float32): cast to bfloat16 here, the output cast back
+        self.from_float32 = from_float32
+
     def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
+        dtypes = (torch.bfloat16, torch.float32) if self.from_float32 else (torch.bfloat16,)
         return (
             causal_offset is None
-            and q.dtype == k.dtype == v.dtype == torch.bfloat16
+            and q.dtype == k.dtype == v.dtype
+            and q.dtype in dtypes
             and q.dim() == 3
             and q.shape[0] == k.shape[0]
             and q.shape[1] == k.shape[2] > 1
         )
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.dtype != torch.bfloat16:
+            bf16 = torch.bfloat16
+            return self(q.to(bf16), k.to(bf16), v.to(bf16)).to(q.dtype)
         b, t, d = q.shape
         n_head, width = k.shape[1], k.shape[3]
         queries = heads(q, n_head) * width**-0.5  # 1/8 for every Whisper model: exact in bfloat16

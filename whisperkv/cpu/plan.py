@@ -17,10 +17,11 @@ import torch
 
 from whisperkv.cpu import reorder as layer_reorder
 from whisperkv.cpu.attend import load_kernel
-from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.int8_decoder_step import use_int8_step
-from whisperkv.cpu.int8_step import Int8StepRows
+from whisperkv.cpu.int8_encoder import Bfloat16Front, Int8EncoderBlock
+from whisperkv.cpu.int8_step import Int8StepRows, load_int8_step_rows
 from whisperkv.cpu.step_rows import use_step_rows
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 from whisperkv.cpu.tiled_linear import EncoderBlockTiles, EncoderFrontTiles, TiledEncoderLinear
@@ -180,12 +181,19 @@ def _plan_encoder(
     encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
     if head_by_head is None:
         head_by_head = not cpu_has_amx_bf16()
+    rows_on = tiles and linears and kernel is not None  # the int8 encoder's runners (twins: False)
     bfloat16_encoder = int8_on and model.encoder_dtype == torch.bfloat16
+    # an int8 encoder (float32 between its int8 linears) attends in bfloat16 too where that is native
+    int8_encoder = int8_on and not bfloat16_encoder and cpu_has_bfloat16_products() and head_by_head
     head_by_head = bfloat16_encoder and head_by_head
     tiled = bfloat16_encoder and not head_by_head and tiles and kernel is not None
     tiled = tiled and TiledEncoderAttention.available(kernel.library)
     encoder_attention = (
-        TiledEncoderAttention(kernel.library) if tiled else HeadByHeadAttention() if head_by_head else None
+        TiledEncoderAttention(kernel.library)
+        if tiled
+        else HeadByHeadAttention(from_float32=int8_encoder)
+        if head_by_head or int8_encoder
+        else None
     )
     linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
     linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
@@ -196,5 +204,22 @@ def _plan_encoder(
         block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
     model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
     encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
+    encoder = "head-by-head bfloat16" if int8_encoder else encoder
     encoder += ", linears tiles" if linears else ""
-    return encoder + (", convolutions tiles" if front else "")
+    encoder += ", convolutions tiles" if front else ""
+    if int8_on and not bfloat16_encoder:
+        encoder += _plan_int8_encoder(model, rows_on)
+    return encoder
+
+
+def _plan_int8_encoder(model: Whisper, on: bool) -> str:
+    """An int8 encoder whose linears the rows kernel holds: each with its LayerNorm, GELU and residual in
+    one C call (``cpu/int8_encoder.py``), and its convolutions in bfloat16 where the CPU multiplies
+    bfloat16 natively; with ``on`` False, PyTorch's block and float32 front (the twins)."""
+    rows = load_int8_step_rows() if on else None
+    blocks = rows is not None and all(Int8EncoderBlock.takes(block) for block in model.encoder.blocks)
+    front = on and cpu_has_bfloat16_products()
+    for block in model.encoder.blocks:
+        block.tiles = Int8EncoderBlock(rows) if blocks else None
+    model.encoder.front = Bfloat16Front(model.encoder) if front else None
+    return (", linears rows kernel" if blocks else "") + (", convolutions bfloat16" if front else "")

@@ -11,9 +11,10 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
   value projections where the encoder is bfloat16: they run once per window over 1,500 positions
   (compute-bound, like the encoder), in bfloat16 too.
-* the encoder is compute-bound (1,500 positions per window). On a CPU with native bfloat16 matrix
-  instructions (AMX / AVX512-BF16) it runs in bfloat16, which is both faster and closer to float32
-  than int8 there; elsewhere its linear layers become ``Int8Linear`` too.
+* the encoder is compute-bound (1,500 positions per window). With AMX it runs in bfloat16 tiles, both
+  faster and closer to float32 than int8 there; with AVX512-VNNI but no AMX its linears are int8 through
+  the rows kernel, which makes twice the products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
+  bfloat16 where the CPU has AVX512-BF16, else int8 through fbgemm (``encoder_choice``).
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
 * the Self-KV and Cross-KV are held in bfloat16 where the attention kernel below reads them (half the
@@ -30,12 +31,15 @@ import functools
 import torch
 from torch import nn
 
-from whisperkv.cpu.flags import cpu_flags
+from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
-from whisperkv.cpu.plan import use_attention_kernels
+from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper
+
+#: the int8 type's encoders (``encoder_choice``)
+ENCODERS = ("bfloat16", "int8 rows", "int8")
 
 
 def _bfloat16_linear(linear: nn.Linear) -> nn.Linear:
@@ -66,15 +70,36 @@ def _replace_linears(
                 setattr(parent, name, Int8Linear.from_linear(child, kernel))
 
 
+def encoder_choice(kernel: Int8RowsKernel | None) -> str:
+    """The int8 type's encoder on this CPU: ``bfloat16`` in AMX's tiles; else ``int8 rows``, its linears
+    through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions quantised on its
+    own, as a decoder step's rows are) where that builds; else ``bfloat16`` where the CPU multiplies it
+    natively (AVX512-BF16); else ``int8`` (fbgemm).
+
+    Why int8 before bfloat16 without AMX: AVX512-VNNI does twice the products of AVX512-BF16 an
+    instruction. At large-v3-turbo's width (1,500 positions, 1280 -> 5120 and 5120 -> 1280) the rows
+    kernel took 58 CPU ms each against PyTorch's bfloat16 linears' 99, and two encoder layers 687 against
+    971 CPU ms (2-core AMD EPYC Zen 4, shared machine, medians of 5: ``benchmarks/encoder_int8.py``);
+    tiny.en's words: 163 errors against bfloat16's 170 in 2,288 (``benchmarks/int8_variants.py``)."""
+    if cpu_has_amx_bf16() and cpu_has_fast_bfloat16():
+        return "bfloat16"
+    if kernel is not None:
+        return "int8 rows"
+    return "bfloat16" if cpu_has_fast_bfloat16() else "int8"
+
+
 def quantize_int8(
     model: Whisper,
     encoder_bfloat16: bool | None = None,
     attention_kernel: bool = True,
     rows_kernel: bool = True,
+    encoder: str | None = None,
 ) -> Whisper:
     """Turn a float32 CPU model into the int8 compute type, in place, and mark its provenance.
 
-    ``encoder_bfloat16``: None picks bfloat16 for the encoder when the CPU has native support.
+    ``encoder``: ``bfloat16``, ``int8 rows`` (its linears through the rows kernel), ``int8`` (fbgemm) or
+    None, which picks for this CPU (``encoder_choice``). ``encoder_bfloat16`` (older spelling): True is
+    ``bfloat16``, False ``int8``.
     ``attention_kernel``: the type's own attention (``use_attention_kernels``), else SDPA.
     ``rows_kernel``: the decoder's linears and vocabulary projection through the C kernel
     (``cpu/int8_rows.py``) where it builds, else fbgemm. Chosen here, once: the weights are stored
@@ -84,22 +109,27 @@ def quantize_int8(
         raise ValueError("this model is already of the int8 compute type")
     if model.device.type != "cpu" or model.dtype != torch.float32:
         raise ValueError("int8 quantisation needs a float32 model on the CPU")
-    if encoder_bfloat16 is None:
-        encoder_bfloat16 = cpu_has_fast_bfloat16()
-    base_digest = model.weights_digest  # of the float32 weights, before they are replaced
+    kernel = load_rows_kernel() if rows_kernel else None
+    if encoder is None and encoder_bfloat16 is not None:
+        encoder = "bfloat16" if encoder_bfloat16 else "int8"
+    encoder = encoder or encoder_choice(kernel)
+    if encoder not in ENCODERS or (encoder == "int8 rows" and kernel is None):
+        raise ValueError(f"unknown or unavailable int8 encoder {encoder!r}: bfloat16, int8 rows or int8")
+    # of the float32 weights, before they are replaced (without a float32 plan's attention: a model
+    # loaded as float32 and quantised here would otherwise lose this part of the name to it)
+    base_digest = model.weights_digest.split(ATTENTION_MARK)[0]
     # the encoder and the blocks first: their float32 tensors are gone before the vocabulary table's
     # int8 copies are made, so the load's peak holds fewer float32 and int8 copies at once
-    if encoder_bfloat16:
+    if encoder == "bfloat16":
         model.encoder.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
     else:
-        _replace_linears(model.encoder.blocks)
-    kernel = load_rows_kernel() if rows_kernel else None
+        _replace_linears(model.encoder.blocks, kernel if encoder == "int8 rows" else None)
     # the Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
     # window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
     # anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
-    # per-row quantised, through the rows kernel made for a step's few rows).
+    # per-row quantised, through the rows kernel made for a step's few rows, on an AMX CPU).
     keep: tuple[nn.Module, ...] = ()
-    if encoder_bfloat16:
+    if encoder == "bfloat16":
         keep = tuple(
             _bfloat16_linear(linear)
             for block in model.decoder.blocks
@@ -108,7 +138,6 @@ def quantize_int8(
     _replace_linears(model.decoder.blocks, kernel, keep)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
-    encoder = "bfloat16" if encoder_bfloat16 else "int8"
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
     decoder = ", decoder rows kernel" if kernel is not None else ""
     decoder += ", cross-KV projection bfloat16" if keep else ""

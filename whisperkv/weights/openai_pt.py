@@ -26,8 +26,9 @@ def load_openai_pt(path: str | Path) -> Checkpoint:
         raise ModelLoadError(
             f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')"
         )
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in data["model_state_dict"].items()}
-    stored = str(next(iter(data["model_state_dict"].values())).dtype).replace("torch.", "")
+    stored_sd = data["model_state_dict"]
+    stored = str(next(iter(stored_sd.values())).dtype).replace("torch.", "")
+    sd = _widened(stored_sd)
     heads = data.get("alignment_heads")
     return Checkpoint(
         dims=ModelDims(**data["dims"]),
@@ -38,6 +39,18 @@ def load_openai_pt(path: str | Path) -> Checkpoint:
         format="openai-pt",
         stored_dtype=stored,
     )
+
+
+def _widened(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every tensor as float32, each stored (float16) one dropped as soon as it is widened: the load's
+    peak holds the float32 weights and one stored tensor, not all of both (``torch.load`` gives every
+    tensor a storage of its own; large-v3-turbo: 3.2 GB of float32 beside 1.6 GB of float16 before)."""
+    sd = {}
+    for name in list(stored):
+        tensor = stored.pop(name)
+        sd[name] = tensor.float() if tensor.is_floating_point() else tensor
+        del tensor
+    return sd
 
 
 def save_openai_pt(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype = torch.float32) -> None:

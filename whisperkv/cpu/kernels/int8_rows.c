@@ -33,6 +33,7 @@
 #define ROWS 16    /* input rows per pass over a weight block (their sums stay in registers) */
 #define MAXIN 5120 /* input width: Whisper's widest (large's MLP, 4 x 1280); sums stay < 255*127*5120 */
 #define AMX_GROUPS 3 /* 16-row groups per pass over a weight block: 3 sums + 3 rows + 1 weight tile of 8 */
+#define PARALLEL_ROWS 64 /* rows from which a call quantises (and normalises) them on every thread */
 #define AMX_MIN_ROWS 2 /* fewer rows: VNNI (one row through a 16-row tile wastes what VNNI does not) */
 /* Weight blocks ahead whose lines a thread asks for while it multiplies one, in matrices of STREAMED
  * bytes or more (the vocabulary: 20 MB for tiny.en, read from memory every step; the hardware's own
@@ -251,6 +252,8 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
         free(zero);
         return 2;
     }
+    /* each row on its own: the same bits on any thread; in parallel for an encoder window's 1,500 rows */
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
     for (long r = 0; r < R; r++) quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
     memset(xq + R * in, 0, (size_t)((padded - R) * in));
     const long blocks = (out + LANES - 1) / LANES;
@@ -340,6 +343,7 @@ int wkv_int8_rows_step(const float *x, long n, long xs, const float *ln_weight, 
 {
     if (ln_weight) {
         if (in % 16 || n < 1) return 3;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_ROWS)
         for (long r = 0; r < n; r++) wkv_layer_norm(x + r * xs, in, ln_weight, ln_bias, eps, scratch + r * in);
         x = scratch;
         xs = in;
