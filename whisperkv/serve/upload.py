@@ -42,6 +42,8 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 #: a long upload's decoded samples are spooled up to this many times the upload limit (100 MB: 1 h 49 min
 #: of audio); the request then holds that file on disk instead of its upload's copy
 SPOOL_PER_UPLOAD_BYTE = 2
+#: the most one read of the upload's copy returns (FFmpeg reads again for the rest)
+READ_CHUNK_BYTES = 2**20
 
 
 def too_large(limit: int) -> APIError:
@@ -196,6 +198,11 @@ class _PositionalReader(io.RawIOBase):
 
     def seekable(self) -> bool:
         return True
+
+    def read(self, size: int = -1) -> bytes:
+        """At most ``READ_CHUNK_BYTES`` a call: FFmpeg reads a large packet straight into its own buffer
+        with one read of the packet's size, and ``RawIOBase.read`` would hold that size twice more."""
+        return super().read(size if size is None or size < 0 else min(size, READ_CHUNK_BYTES))
 
     def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
         data = os.pread(self._fd, min(len(buffer), max(0, self._size - self._at)), self._at)
