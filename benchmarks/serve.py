@@ -132,7 +132,10 @@ def server(command: list[str], port: int, repo: Path = REPO) -> Iterator[subproc
 
     env = {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("WHISPERKV_API_KEY", None)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # cwd: ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH
+    process = subprocess.Popen(
+        command, env=env, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -320,7 +323,15 @@ def machine_report(repo: Path = REPO) -> str:
     )
     dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", "import whisperkv; print(whisperkv.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return (
+        f"whisperkv servers import {imported}\n"
         f"CPU: {cpu}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} (shared, noisy machine)\n"
         f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"whisperkv {commit.stdout.strip()}{' (uncommitted changes)' if dirty else ''} from {repo}, "
