@@ -15,6 +15,12 @@ pool)` concurrent transcriptions with `cpu_threads = cores // num_workers` (rest
 setting), behind a ThreadPoolExecutor of `pool` (= --max_batch) threads. Finally the RSS check: RSS after
 --leak-requests short requests against RSS after the first 50 (goal: within 50 MB), both taken with no
 request in flight (and every 100 requests between them).
+
+Each whisperkv level also prints its encoder-bound ceiling (``serve_ceiling.py``): the audio seconds per
+second were every decoder step free, from the encoder's time per window measured in the same run, and the
+fraction of it reached (issue 46: >= 0.9 at 16 clients on short clips). ``--repo DIR`` runs the servers
+and the probe from another checkout (a worktree of an older commit) with this script, so two commits are
+compared by the same benchmark.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from fastapi import (
     Request as HTTPRequest,
 )  # a module-level name: FastAPI resolves the route's annotation by it
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_ceiling import CEILING_GOAL, Ceiling, ceiling, probe, read_encoder_count  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO.parent / "shared" / "data" / "speech"
 LEVELS = (1, 4, 16, 32)
@@ -54,6 +63,7 @@ class Clip:
     name: str
     data: bytes
     seconds: float
+    path: Path
 
 
 @dataclass
@@ -66,6 +76,7 @@ class LevelResult:
     latencies: list[float]
     peak_rss_mb: float
     failures: int
+    ceiling: Ceiling | None = None
 
     @property
     def throughput(self) -> float:
@@ -85,12 +96,15 @@ def load_requests(short: int | None, long: bool) -> list[Clip]:
     with open(SPEECH / "manifest.tsv", encoding="utf-8", newline="") as f:
         rows = [r for r in csv.DictReader(f, delimiter="\t") if r["language"] == "en"]
     rows = [r for r in rows if float(r["duration_s"]) <= 30][: short or None]
-    requests = [Clip(r["id"], (SPEECH / r["file"]).read_bytes(), float(r["duration_s"])) for r in rows]
+    requests = [
+        Clip(r["id"], (SPEECH / r["file"]).read_bytes(), float(r["duration_s"]), SPEECH / r["file"])
+        for r in rows
+    ]
     if long:
         from whisperkv.audio import SAMPLE_RATE, load_audio
 
         for path in sorted((SPEECH / "long").glob("*")):
-            requests.append(Clip(path.name, path.read_bytes(), len(load_audio(path)) / SAMPLE_RATE))
+            requests.append(Clip(path.name, path.read_bytes(), len(load_audio(path)) / SAMPLE_RATE, path))
     return requests
 
 
@@ -112,13 +126,16 @@ def _rss_mb(pid: int, field: str) -> float:
 
 
 @contextmanager
-def server(command: list[str], port: int) -> Iterator[subprocess.Popen]:
-    """Start a server process, wait for /health, stop it with SIGTERM at the end."""
+def server(command: list[str], port: int, repo: Path = REPO) -> Iterator[subprocess.Popen]:
+    """Start a server process (``repo``'s code), wait for /health, stop it with SIGTERM at the end."""
     import httpx
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("WHISPERKV_API_KEY", None)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # cwd: ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH
+    process = subprocess.Popen(
+        command, env=env, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -288,7 +305,7 @@ def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100)
 # ------------------------------------------------------------------------------------------ report
 
 
-def machine_report() -> str:
+def machine_report(repo: Path = REPO) -> str:
     import ctranslate2
     import fastapi
     import faster_whisper
@@ -302,27 +319,40 @@ def machine_report() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", "import whisperkv; print(whisperkv.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return (
+        f"whisperkv servers import {imported}\n"
         f"CPU: {cpu}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} (shared, noisy machine)\n"
         f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"whisperkv {commit.stdout.strip()}, faster-whisper {faster_whisper.__version__}, "
+        f"whisperkv {commit.stdout.strip()}{' (uncommitted changes)' if dirty else ''} from {repo}, "
+        f"benchmark script {Path(__file__).resolve()}\nfaster-whisper {faster_whisper.__version__}, "
         f"ctranslate2 {ctranslate2.__version__}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}"
     )
 
 
 def print_table(results: list[LevelResult]) -> None:
     print(f"{'config':<28}{'clients':>8}{'reqs':>6}{'audio s':>9}{'wall s':>8}{'audio s/s':>11}"
-          f"{'p50 s':>8}{'p95 s':>8}{'peak RSS MB':>13}{'failed':>8}")  # fmt: skip
+          f"{'p50 s':>8}{'p95 s':>8}{'peak RSS MB':>13}{'failed':>8}{'ceiling':>9}{'of it':>7}")  # fmt: skip
     for r in results:
+        top = r.ceiling.audio_per_s if r.ceiling else None
+        bound = f"{top:>9.2f}{r.ceiling.fraction:>7.2f}" if top else f"{'-':>9}{'-':>7}"
         print(
             f"{r.config:<28}{r.clients:>8}{r.requests:>6}{r.audio_s:>9.1f}{r.wall_s:>8.1f}{r.throughput:>11.2f}"
-            f"{r.percentile(0.5):>8.2f}{r.percentile(0.95):>8.2f}{r.peak_rss_mb:>13.0f}{r.failures:>8}"
+            f"{r.percentile(0.5):>8.2f}{r.percentile(0.95):>8.2f}{r.peak_rss_mb:>13.0f}{r.failures:>8}{bound}"
         )
 
 
-def print_goals(results: list[LevelResult], clients: int) -> None:
+def print_goals(results: list[LevelResult], clients: int, requests: list[Clip]) -> None:
     at = {r.config: r for r in results if r.clients == clients}
     fp32, int8 = at.get("whisperkv float32"), at.get("whisperkv int8")
     batch1, fw = at.get("whisperkv float32 max_batch 1"), at.get("faster-whisper int8 pool")
@@ -331,6 +361,12 @@ def print_goals(results: list[LevelResult], clients: int) -> None:
         return "met" if ok else "NOT met"
 
     print(f"\nGoals at {clients} clients:")
+    for ours in (fp32, int8):
+        if ours and ours.ceiling and ours.ceiling.fraction is not None:
+            fraction, short = ours.ceiling.fraction, all(c.seconds <= 30 for c in requests)
+            goal = verdict(fraction >= CEILING_GOAL) if short else "judged on short clips only (--no-long)"
+            reached = f"{fraction:.2f} of its encoder-bound ceiling"
+            print(f"  {ours.config}: {reached} (goal >= {CEILING_GOAL}): {goal}")
     if fp32 and batch1:
         ratio = fp32.throughput / batch1.throughput
         print(f"  throughput float32 / --max_batch 1 = {ratio:.2f}x (goal >= 3x): {verdict(ratio >= 3)}")
@@ -341,6 +377,26 @@ def print_goals(results: list[LevelResult], clients: int) -> None:
             ok_ratio, ok_p95 = verdict(ratio >= 2), verdict(p95 <= fw95)
             print(f"  throughput {name} / faster-whisper int8 = {ratio:.2f}x (goal >= 2x): {ok_ratio}")
             print(f"  p95 {name} {p95:.2f} s vs faster-whisper {fw95:.2f} s (goal: no worse): {ok_p95}")
+
+
+def run_config(
+    name: str, command, probe_type: str | None, clients: int, requests: list[Clip], args: argparse.Namespace
+) -> LevelResult:
+    """One server for one level: the encoder probe first (whisperkv), then the warm-up and the timed level,
+    the server's encoder counters read around the timed part."""
+    repo = args.repo.resolve() if probe_type else REPO
+    probe_ms = probe(repo, probe_type, [r.path for r in requests]) if probe_type else None
+    port = _free_port()
+    with server(command(port, clients), port, repo) as process:
+        for _ in range(args.warmup):  # untimed: every client posts one request, as the level will
+            run_level(name, port, process.pid, clients, requests[:clients])
+        before = read_encoder_count(port) if probe_type else None
+        result = run_level(name, port, process.pid, clients, requests)
+        if probe_type:
+            count = read_encoder_count(port).since(before)
+            seconds = [r.seconds for r in requests]
+            result.ceiling = ceiling(probe_ms, count, seconds, result.audio_s, result.wall_s)
+    return result
 
 
 def main() -> None:
@@ -357,6 +413,12 @@ def main() -> None:
         help="untimed rounds before each level (each client posts one request): a server's steady state, "
         "not its first requests' one-off costs (0, the default, is how rounds up to 18 measured)",
     )
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        default=REPO,
+        help="the checkout whose whisperkv the servers and the encoder probe run (default: this one)",
+    )
     parser.add_argument("--faster-whisper-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--fw-workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -366,39 +428,42 @@ def main() -> None:
         run_faster_whisper_server(args.port, args.fw_workers, args.fw_threads)
         return
 
-    print(machine_report())
+    print(machine_report(args.repo.resolve()))
     requests = load_requests(args.short, args.long)
     short_requests = [r for r in requests if r.seconds <= 30]
     warm = f"after {args.warmup} untimed round(s) per server and level" if args.warmup else "cold servers"
     audio = sum(r.seconds for r in requests)
     print(f"workload per level: {len(requests)} requests, {audio:.1f} s of audio; {warm}\n")
     cores = os.cpu_count() or 1
-    plans = {
-        "fp32": ("whisperkv float32", lambda port, n: whisperkv_command(port, "default", POOL)),
-        "int8": ("whisperkv int8", lambda port, n: whisperkv_command(port, "int8", POOL)),
-        "batch1": ("whisperkv float32 max_batch 1", lambda port, n: whisperkv_command(port, "default", 1)),
+    plans = {  # name, server command, the compute type of its encoder probe (None: no probe)
+        "fp32": ("whisperkv float32", lambda port, n: whisperkv_command(port, "default", POOL), "default"),
+        "int8": ("whisperkv int8", lambda port, n: whisperkv_command(port, "int8", POOL), "int8"),
+        "batch1": (
+            "whisperkv float32 max_batch 1",
+            lambda port, n: whisperkv_command(port, "default", 1),
+            "default",
+        ),
         "fw": (
             "faster-whisper int8 pool",
             lambda port, n: faster_whisper_command(port, min(n, POOL), max(1, cores // min(n, POOL))),
+            None,
         ),
     }
     results: list[LevelResult] = []
     # levels outermost, configurations interleaved inside: each comparison sees a similar machine state
     for clients in args.clients:
         for key in args.configs:
-            name, command = plans[key]
-            port = _free_port()
-            with server(command(port, clients), port) as process:
-                for _ in range(args.warmup):  # untimed: every client posts one request, as the level will
-                    run_level(name, port, process.pid, clients, requests[:clients])
-                result = run_level(name, port, process.pid, clients, requests)
+            name, command, probe_type = plans[key]
+            result = run_config(name, command, probe_type, clients, requests, args)
             results.append(result)
             print_table([result])
+            if result.ceiling is not None:
+                print(f"  {result.ceiling.describe()}")
             sys.stdout.flush()
     print("\nAll levels:")
     print_table(results)
     if 16 in args.clients:
-        print_goals(results, 16)
+        print_goals(results, 16, requests)
     if args.leak_requests:
         total = max(args.leak_requests, 51)
         samples = rss_growth(short_requests, total, clients=POOL)

@@ -81,6 +81,21 @@ def test_every_window_and_random_windows_of_a_long_file_are_bit_identical(long_f
         assert torch.equal(got, torch.from_numpy(waveform[start * 160 : stop * 160])), (start, stop)
         _check_bounded(source)
     assert 2 <= source.rewinds <= 3  # back to the first random window, to the start, back again
+    assert source.decodes == 1  # the first pass; the windows and every rewind read its spool
+
+
+def test_a_file_longer_than_the_spool_is_decoded_again_with_the_same_bits(long_file) -> None:
+    """Past ``spool_bytes`` the spool is dropped and the windows come from a second decode (and each
+    rewind from another): the same frames and samples as the in-memory path."""
+    path, waveform, log_mel = long_file
+    source = FileSource(path, 80, spool_bytes=2 * 60 * SAMPLE_RATE * 2)  # 2 min of 6.5
+    assert source.n_samples == len(waveform) and source.decodes == 2  # the scan, then the windows'
+    for start, stop in [(0, N_FRAMES), (20_000, 20_000 + N_FRAMES), (100, 2100)]:  # the last one rewinds
+        assert torch.equal(source.mel(start, stop), log_mel[:, start:stop]), start
+        assert torch.equal(
+            source.samples(start * 160, stop * 160), torch.from_numpy(waveform[start * 160 : stop * 160])
+        )
+    assert source.rewinds == 1 and source.decodes == 3
 
 
 def test_transcribe_reads_a_long_file_through_the_file_source(tiny_model, long_file) -> None:
@@ -120,12 +135,17 @@ def test_a_resampled_mp3_is_bit_identical() -> None:
 
 
 def test_a_file_changed_between_passes_is_refused(tmp_path: Path) -> None:
-    path = _write_wav(tmp_path / "a.wav", SAMPLE_RATE, np.full(SAMPLE_RATE, 1000, dtype=np.int16))
-    source = FileSource(path, 80)
-    assert source.content_frames == 100  # first pass done
-    _write_wav(path, SAMPLE_RATE, np.full(2 * SAMPLE_RATE, 1000, dtype=np.int16))
+    """Decoded twice (no spool), a file changed in between is refused; read from its spool, the windows
+    are the file as the first pass decoded it, whatever happens to the file after."""
+    one_second = np.full(SAMPLE_RATE, 1000, dtype=np.int16)
+    path = _write_wav(tmp_path / "a.wav", SAMPLE_RATE, one_second)
+    expected = log_mel_spectrogram(load_audio(path), 80, padding=N_SAMPLES)[:, :100]
+    twice, once = FileSource(path, 80, spool_bytes=0), FileSource(path, 80)
+    assert twice.content_frames == once.content_frames == 100  # first passes done
+    _write_wav(path, SAMPLE_RATE, np.full(2 * SAMPLE_RATE, 3000, dtype=np.int16))
     with pytest.raises(AudioError, match="changed while it was being read"):
-        source.mel(0, 100)
+        twice.mel(0, 100)
+    assert torch.equal(once.mel(0, 100), expected) and once.decodes == 1
 
 
 def test_bad_files_fail_when_opened_or_first_read(tmp_path: Path) -> None:

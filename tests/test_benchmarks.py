@@ -150,3 +150,22 @@ def test_goal_lines_split_an_int8_wer_gap_and_judge_the_step_on_tiny_en_only(cap
     del results[("faster-whisper-fp32", "long", "greedy")]  # no float32 peer in the run: no split
     print_goals(table, results, {"long": ref})
     assert "float32 errors" not in capsys.readouterr().out
+
+
+def test_serve_ceiling_is_audio_over_encoder_time_and_the_probe_runs(speech_dir):
+    """benchmarks/serve.py's encoder-bound ceiling: audio seconds / (windows x the probe's seconds per
+    window), the fraction reached against it, windows from the server's count or one per started 30 s;
+    and the probe measures a positive time in a process of its own."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from serve_ceiling import EncoderCount, ceiling, probe
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    counted = ceiling(500.0, EncoderCount(10, 4.0), [5.0] * 10, audio_s=50.0, wall_s=6.0)
+    assert counted.audio_per_s == 10.0 and counted.windows == 10 and counted.server_ms == 400.0
+    assert abs(counted.fraction - (50.0 / 6.0) / 10.0) < 1e-12
+    assert "0.83 of it" in counted.describe() and "counted by the server" in counted.describe()
+    estimated = ceiling(500.0, EncoderCount(None, None), [5.0, 45.0, 60.0], audio_s=110.0, wall_s=4.0)
+    assert estimated.windows == 1 + 2 + 2 and not estimated.counted and estimated.server_ms is None
+    assert EncoderCount(12, 3.5).since(EncoderCount(2, 1.0)) == EncoderCount(10, 2.5)
+    assert probe(ROOT, "default", [speech_dir / "en" / "jfk.flac"]) > 0

@@ -114,12 +114,45 @@ def test_sessions_are_capped_without_evicting_live_ones_and_expire(tiny_model, w
         second.close(), third.close()
         assert len(state.sessions) == 0
     with worker(tiny_model, session_idle_s=0.3) as (url, state):
-        with RemoteEncoder(url, SECRET) as idle:
+        with RemoteEncoder(url, SECRET) as idle, httpx.Client(trust_env=False, timeout=30) as client:
             _encode(idle, tiny_model, window)
+            expired = idle.request_id
             time.sleep(0.5)
-            assert len(state.sessions) == 0
-            with pytest.raises(SealedCacheError, match="status 404: no session .*idle over 0.3 s"):
-                _encode(idle, tiny_model, window)
+            assert len(state.sessions) == 0  # the worker forgot the session: its old label is a 404
+            label = _label_bytes(tiny_model, window, expired, seq=99)
+            answer = client.post(url + "/v1/encode", content=_blob(label))
+            assert answer.status_code == 404 and "idle over 0.3 s" in answer.json()["error"]
+
+
+def _no_session(path: str, h: _HostileHandler) -> None:
+    h._send(404, b'{"error": "no session for request id"}')
+
+
+def test_an_expired_session_is_opened_again_once_and_the_window_served_exactly(tiny_model, window):
+    """A worker whose sessions live 60 s idle (its clock moved on by hand, so the machine's load cannot
+    expire a session early): the decoder's next window after 61 s runs one new handshake and is served
+    exactly (the local encoder's bits); a worker that keeps answering 404 for the new session too gets
+    exactly one new handshake, then the 404 is the decoder's error."""
+    mel, start, end = window
+    local = tiny_model.embed_audio(mel.unsqueeze(0))
+    now = [0.0]
+    with worker(tiny_model, session_idle_s=60) as (url, state), RemoteEncoder(url, SECRET) as encoder:
+        state.sessions.clock = lambda: now[0]
+        first = CacheStore(encoder=encoder).encode(tiny_model, mel, start, end)
+        old_id = encoder.request_id
+        now[0] += 61
+        assert len(state.sessions) == 0  # expired at the worker
+        again = CacheStore(encoder=encoder).encode(tiny_model, mel, start, end)
+        assert encoder.handshakes == 2 and encoder.request_id != old_id
+        assert torch.equal(first.audio_features, local) and torch.equal(again.audio_features, local)
+        assert len(state.sessions) == 1
+        CacheStore(encoder=encoder).encode(tiny_model, mel, start, end)  # the new session serves on
+        assert encoder.handshakes == 2
+    with worker(tiny_model) as (real, _):
+        with hostile(_no_session, real) as url, RemoteEncoder(url, SECRET) as encoder:
+            with pytest.raises(SealedCacheError, match="status 404: no session") as err:
+                _encode(encoder, tiny_model, window)
+            assert err.value.field == "session" and encoder.handshakes == 2
 
 
 def test_every_route_bounds_its_body(tiny_model):
@@ -350,6 +383,32 @@ def test_hostile_worker_answers_are_sealed_cache_errors(tiny_model, window):
         with hostile(lambda p, h: h._send(200, nested), real) as url, RemoteEncoder(url, SECRET) as encoder:
             with pytest.raises(SealedCacheError, match="malformed blob: associated data"):
                 _encode(encoder, tiny_model, window)
+
+
+def _one_byte_then_silence(path: str, h: _HostileHandler) -> None:
+    time.sleep(1.8)  # the head and one byte just before the 2 s deadline, then nothing for 6 s
+    h.send_response(200)
+    h.send_header("content-length", "2304403")
+    h.end_headers()
+    h.wfile.write(b"W")
+    h.wfile.flush()
+    time.sleep(6)
+
+
+def test_the_deadline_holds_when_the_last_byte_comes_just_before_it(tiny_model, window):
+    """The decoder's deadline bounds the whole exchange, not the time between chunks: a worker that sends
+    one byte at 1.8 s of a 2 s deadline and then nothing is cut off at 2 s (the call returns within the
+    deadline plus a thread's wake-up; it took 3.8 s, the deadline plus one more read timeout, when the
+    deadline was checked only between chunks)."""
+    with worker(tiny_model) as (real, _), hostile(_one_byte_then_silence, real) as url:
+        with RemoteEncoder(url, SECRET, deadline=2.0) as encoder:
+            encoder._session(tiny_model)  # the handshake first, so only the window's exchange is timed
+            start = time.monotonic()
+            with pytest.raises(SealedCacheError, match="no complete answer to /v1/encode within 2 s") as err:
+                _encode(encoder, tiny_model, window)
+            elapsed = time.monotonic() - start
+    assert err.value.field == "deadline"
+    assert 1.9 < elapsed < 2.6, elapsed
 
 
 def _secret_file(path, data: bytes, mode: int):

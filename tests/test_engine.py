@@ -246,3 +246,21 @@ def test_an_idle_background_loop_gives_the_heap_back_once(tiny_model, solo_short
         assert scheduler.stats()["heap_trims"] == 2
     finally:
         scheduler.stop(drain=True, timeout=60)
+
+
+def test_the_encoder_time_is_counted_once_per_window_encoded(tiny_model):
+    """``windows_encoded`` / ``encoder_seconds`` (the server's encoder-bound ceiling): a window redone at
+    higher temperatures (logprob_threshold 0 refuses every attempt) reuses its encoder output and is
+    counted once; each further clip's window adds one, and the time only grows."""
+    scheduler = Scheduler(tiny_model)
+    assert scheduler.stats()["windows_encoded"] == 0 and scheduler.stats()["encoder_seconds"] == 0
+    result = scheduler.run(scheduler.submit(_audio(SHORT[0]), {"logprob_threshold": 0.0}))
+    assert {s["temperature"] for s in result["segments"]} == {1.0}  # every temperature was tried
+    first = scheduler.stats()
+    assert first["windows_encoded"] == 1 and first["encoder_seconds"] > 0
+    handles = [scheduler.submit(_audio(name)) for name in SHORT[1:]]
+    while not all(h.done for h in handles):
+        scheduler.tick()
+    after = scheduler.stats()
+    assert after["windows_encoded"] == 1 + len(SHORT[1:])
+    assert after["encoder_seconds"] > first["encoder_seconds"]

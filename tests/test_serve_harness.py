@@ -124,6 +124,9 @@ def test_health_models_and_metrics(server, speech_dir):
         assert done in text
         tokens = float(text.split("\nwhisperkv_decoded_tokens_total ")[1].split()[0])
         assert tokens > 0  # the request above decoded through the scheduler
+        windows = float(text.split("\nwhisperkv_windows_encoded_total ")[1].split()[0])
+        encoder_s = float(text.split("\nwhisperkv_encoder_seconds_total ")[1].split()[0])
+        assert windows >= 1 and encoder_s > 0  # at least the clip above (benchmarks/serve.py's ceiling)
 
 
 def test_stream_sends_one_delta_per_segment_then_done(server, tiny_model, speech_dir):

@@ -178,22 +178,35 @@ def test_every_accepted_format_is_transcribed_as_transcribe_does(server, tiny_mo
             assert "ask not what your country can do for you" in expected["text"].lower(), name
 
 
-def test_an_upload_over_a_minute_is_streamed_and_equals_transcribe(server, tiny_model, tmp_path):
+def test_an_upload_over_a_minute_is_streamed_and_equals_transcribe(server, tiny_model, tmp_path, monkeypatch):
     """77 s (a clip, 55 s of digital silence, the clip again): read window by window, as the CLI reads
-    the same file, and the same answer."""
-    from whisperkv.audio import load_audio
+    the same file, and the same answer. It is decoded once: the first pass spools the samples, the scan
+    and the windows read the spool (the same bits as the CLI's reading of the file); over the spool's cap
+    it is decoded again from the upload's copy, with the same bits."""
+    import whisperkv.serve.upload as upload
+    from whisperkv.audio import N_FRAMES, load_audio
     from whisperkv.audio_source import FileSource
-    from whisperkv.serve.upload import open_upload
 
     clip = load_audio(JFK)
     path = write_wav(tmp_path / "long.wav", np.concatenate([clip, np.zeros(55 * 16000, np.float32), clip]))
-
-    class Upload:
-        filename = "long.wav"
-        file = io.BytesIO(path.read_bytes())
-
-    source = open_upload(Upload(), UPLOAD_LIMIT, AUDIO_LIMIT_S, 80)
-    assert isinstance(source, FileSource) and source.n_samples == len(load_audio(path))
+    decodes = []
+    real_decode = upload.decode_untrusted
+    monkeypatch.setattr(upload, "decode_untrusted", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
+    cli = FileSource(path, 80, spool_bytes=0)
+    for spool_cap, decoded in ((UPLOAD_LIMIT, 1), (1000, 3)):  # 77 s need 2.5 MB of spool
+        decodes.clear()
+        monkeypatch.setattr(upload, "SPOOL_PER_UPLOAD_BYTE", spool_cap / UPLOAD_LIMIT)
+        source = upload.open_upload(_Upload("long.wav", path.read_bytes()), UPLOAD_LIMIT, AUDIO_LIMIT_S, 80)
+        assert isinstance(source, FileSource) and source.n_samples == len(load_audio(path))
+        for seek in range(0, source.content_frames, N_FRAMES):
+            assert torch.equal(source.mel(seek, seek + N_FRAMES), cli.mel(seek, seek + N_FRAMES)), seek
+            assert torch.equal(
+                source.samples(seek * 160, (seek + N_FRAMES) * 160),
+                cli.samples(seek * 160, (seek + N_FRAMES) * 160),
+            )
+        assert len(decodes) == decoded, (
+            spool_cap
+        )  # the first pass; over the cap, the scan and the windows too
     with httpx.Client(base_url=server, timeout=300) as http:
         served = _post(http, "long.wav", path.read_bytes(), response_format="verbose_json")
     torch.manual_seed(0)

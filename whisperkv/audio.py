@@ -101,7 +101,10 @@ def decode_untrusted(
     Past ``max_samples`` samples at ``sr`` it raises :class:`~whisperkv.audio_formats.AudioTooLongError`
     and decodes no further, so a tiny file of compressed silence costs no more than the limit."""
 
+    bounds = DecodeBounds(max_samples, sr)
+
     def open_container() -> av.container.InputContainer:
+        bounds.check_structure(name, sniffed.demuxer, reopen)
         guard = NestedOpenGuard()
         try:
             container = av.open(
@@ -120,7 +123,7 @@ def decode_untrusted(
             raise NestedOpenRefused(f"opened as {used!r}, which is not an allowed audio demuxer")
         return container
 
-    return decode_container(name, open_container, reopen, sr, DecodeBounds(max_samples, sr))
+    return decode_container(name, open_container, reopen, sr, bounds)
 
 
 def audio_duration(waveform: np.ndarray | torch.Tensor) -> float:

@@ -14,12 +14,14 @@ The CLI does not use this: it opens what its user names.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import av
 
 from whisperkv.errors import AudioError
+from whisperkv.matroska_scan import oversized_element
 
 #: the demuxers an upload may be read by: plain audio containers that read nothing but their own bytes
 #: (PyAV reports a demuxer by its first name: "matroska" for "matroska,webm", "mov" for "mov,mp4,m4a,...")
@@ -144,6 +146,7 @@ def _describe(head: bytes) -> str:
 #: real encoder's (FLAC's largest frame is 65535 samples; PCM is muxed in blocks of milliseconds), and
 #: what keeps one decode's memory bounded when a container puts all its audio in one packet
 MAX_PACKET_BYTES = 8 * 2**20
+_MATROSKA_BLOCKS = (0xA3, 0xA1)  # SimpleBlock, Block: one packet each (several when laced)
 MAX_FRAME_S = 30.0
 
 
@@ -182,6 +185,22 @@ class DecodeBounds:
 
     max_samples: int | None
     sr: int
+
+    def check_structure(self, source: str, demuxer: str, reopen: Callable[[], BinaryIO]) -> None:
+        """Before FFmpeg reads anything: a Matroska/WebM element it would read whole (a block, a track's
+        codec data, attachments) over ``MAX_PACKET_BYTES`` is refused from its header alone."""
+        if demuxer != "matroska":
+            return
+        with reopen() as file:
+            found = oversized_element(file, MAX_PACKET_BYTES)
+        if found is not None:
+            element, size, at = found
+            what = (
+                "a packet" if element in _MATROSKA_BLOCKS else f"an element (ID 0x{element:X}) at byte {at}"
+            )
+            raise AudioError(
+                source, f"{what} of {size / 2**20:.1f} MB (at most {MAX_PACKET_BYTES // 2**20} MB accepted)"
+            )
 
     def check_packet(self, source: str, packet: av.Packet) -> None:
         if packet.size > MAX_PACKET_BYTES:

@@ -34,6 +34,7 @@ from whisperkv.audio import (
     log_power_block,
     normalise_log_mel,
 )
+from whisperkv.audio_spool import SPOOL_MAX_BYTES, PcmSpool
 from whisperkv.errors import AudioError
 
 
@@ -112,22 +113,27 @@ class FileSource:
     """A file read window by window: memory stays the same however long the recording is.
 
     A first pass decodes the whole file once for what no window can know alone: its length, and the
-    log-Mel maximum the reference clips every frame's dynamic range against. After it, windows are
-    served from a second decode that moves forward with the loop, keeping about a minute of samples
-    behind the latest request and the last few 60 s log-Mel blocks; a request further back decodes
-    again from the start (``rewinds`` counts how often). The frames are computed in the same blocks and
-    the same way as :func:`log_mel_spectrogram`, so they are the same bits.
+    log-Mel maximum the reference clips every frame's dynamic range against. It keeps the samples it
+    decodes in a spool on disk (``audio_spool.PcmSpool``, up to ``spool_bytes``), and the windows are
+    then read from the spool: the file is decoded once. Audio longer than the spool is decoded a second
+    time for the windows. Either way the windows are served moving forward with the loop, keeping about
+    a minute of samples behind the latest request and the last few 60 s log-Mel blocks; a request
+    further back reads again from the start (``rewinds`` counts how often). The frames are computed in
+    the same blocks and the same way as :func:`log_mel_spectrogram`, so they are the same bits.
     """
 
-    def __init__(self, path: str | os.PathLike, n_mels: int) -> None:
-        self._setup(str(path), n_mels, lambda: decode_audio(path), lambda: _stamp(path))
+    def __init__(self, path: str | os.PathLike, n_mels: int, spool_bytes: int = SPOOL_MAX_BYTES) -> None:
+        self._setup(str(path), n_mels, lambda: decode_audio(path), lambda: _stamp(path), spool_bytes)
 
     @classmethod
-    def over(cls, name: str, decode: Callable[[], Iterator[np.ndarray]], n_mels: int) -> FileSource:
-        """A source over audio that cannot change while read (a server's copy of an upload): each
-        ``decode()`` yields its int16 blocks from the start, as :func:`~whisperkv.audio.decode_audio`."""
+    def over(
+        cls, name: str, decode: Callable[[], Iterator[np.ndarray]], n_mels: int, spool_bytes: int = 0
+    ) -> FileSource:
+        """A source over audio that cannot change while read (a server's copy of an upload, or a complete
+        spool's ``blocks``): each ``decode()`` yields its int16 blocks from the start, as
+        :func:`~whisperkv.audio.decode_audio` does."""
         source = cls.__new__(cls)
-        source._setup(name, n_mels, decode, None)
+        source._setup(name, n_mels, decode, None, spool_bytes)
         return source
 
     def _setup(
@@ -136,11 +142,20 @@ class FileSource:
         n_mels: int,
         decode: Callable[[], Iterator[np.ndarray]],
         stamp: Callable[[], tuple[int, int]] | None,
+        spool_bytes: int,
     ) -> None:
         self.name = name
-        self._decode = decode
+        self.decodes = 0  # passes through ``decode``: the first; then one per restart without a spool
+
+        def counted() -> Iterator[np.ndarray]:
+            self.decodes += 1
+            return decode()
+
+        self._decode: Callable[[], Iterator[np.ndarray]] = counted
         self._n_mels = n_mels
-        self._stream = _SampleStream(decode())  # checks the file exists and is one
+        self._spool = PcmSpool(spool_bytes) if spool_bytes > 0 else None
+        blocks = counted()  # checks the file exists and is one
+        self._stream = _SampleStream(self._spool.tap(blocks) if self._spool is not None else blocks)
         self._stamp_now = stamp
         self._stamp = stamp() if stamp is not None else None
         self._n_samples: int | None = None
@@ -193,7 +208,11 @@ class FileSource:
             self._stream.forget_before((index + 1) * _BLOCK * HOP_LENGTH - _PAD)
             index += 1
         self._peak = peak
-        self._restart()  # the windows are served from a fresh decode from the start
+        if self._spool is not None and self._spool.complete:  # the windows read what the scan decoded
+            self._decode, self._stamp_now = self._spool.blocks, None
+        elif self._spool is not None:
+            self._spool = None  # over its cap (dropped) or not read from the start: decode again
+        self._restart()  # the windows are served from the start again
 
     def _total_frames(self) -> int:
         """Frames of the padded log-Mel: the audio's and 30 s of zero padding's."""

@@ -5,6 +5,12 @@ one request id, one key), then for each window: seal the exact log-Mel window un
 check the labels of what comes back against the ones it expects, open every part, and only then build
 the encoder output or the ``CrossKV`` objects, carrying the provenance it just verified. Anything else —
 an error status, a malformed, altered, truncated, swapped or replayed blob — is a ``SealedCacheError``.
+
+A worker forgets a session that sat idle past its lifetime (or when it restarts) and answers 404 for it:
+the encoder then runs a new handshake, once, and sends the window again under the new session's key (a
+fresh request id and key; nothing of the old session is reused). Each exchange runs in a thread of its
+own while the caller waits at most its deadline, so a worker that trickles its answer cannot hold the
+caller past the deadline (a read blocked in the socket would otherwise wait one more read timeout).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import json
 import secrets
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 import httpx
@@ -69,6 +77,7 @@ class RemoteEncoder:
         self.deadline = timeout if deadline is None else deadline
         self.client = client or httpx.Client(timeout=timeout, trust_env=False)
         self.request_id = ""
+        self.handshakes = 0  # sessions opened: one, plus one per session the worker expired
         self._key: bytes | None = None
         self._weights_digest = ""
         self._sequence = DecoderSequence()
@@ -79,10 +88,35 @@ class RemoteEncoder:
     ) -> tuple[httpx.Headers, bytes]:
         """POST and read the answer: at most ``limit`` bytes, whole within ``deadline`` seconds.
 
-        The body is read as it streams (no content coding), so an oversized or endless answer stops at
-        the limit; anything but a 200 is a SealedCacheError carrying the worker's error text.
+        The exchange runs in a thread of its own and the caller waits at most ``deadline`` for it: the
+        call returns (or raises) within the deadline plus a thread's wake-up, whatever the worker does.
+        An exchange left behind stops at its next chunk or read timeout (at most ``min(timeout,
+        deadline)`` later), holding no more than ``limit`` bytes meanwhile.
         """
         deadline = self.deadline if deadline is None else deadline
+        answer: Future = Future()
+        abandoned = threading.Event()
+
+        def exchange() -> None:
+            try:
+                answer.set_result(self._exchange(path, limit, deadline, abandoned, **kwargs))
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller as it is
+                answer.set_exception(err)
+
+        threading.Thread(target=exchange, name="whisperkv-remote-encoder", daemon=True).start()
+        try:
+            return answer.result(timeout=deadline)
+        except FutureTimeout:
+            abandoned.set()
+            late = f"no complete answer to {path} within {deadline:g} s"
+            raise SealedCacheError(late, "deadline") from None
+
+    def _exchange(
+        self, path: str, limit: int, deadline: float, abandoned: threading.Event, **kwargs
+    ) -> tuple[httpx.Headers, bytes]:
+        """One POST, its body read as it streams (no content coding), so an oversized or endless answer
+        stops at the limit; anything but a 200 is a SealedCacheError carrying the worker's error text
+        (field "session" for a window whose session the worker no longer holds)."""
         ends = time.monotonic() + deadline
         headers = {**kwargs.pop("headers", {}), "accept-encoding": "identity"}
         timeout = httpx.Timeout(min(self.timeout, deadline))
@@ -91,25 +125,25 @@ class RemoteEncoder:
                 "POST", self.url + path, headers=headers, timeout=timeout, **kwargs
             ) as response:
                 ok = response.status_code == 200
-                body = _read_capped(response, limit if ok else MAX_ERROR_BYTES, ends, deadline, path, ok)
+                limit = limit if ok else MAX_ERROR_BYTES
+                body = _read_capped(response, limit, ends, deadline, path, ok, abandoned)
         except httpx.HTTPError as err:
             raise SealedCacheError(f"encoder worker {self.url} unreachable: {err}", "transport") from None
         if not ok:
+            gone = response.status_code == 404 and path == "/v1/encode"
             raise SealedCacheError(
                 f"encoder worker refused {path} with status {response.status_code}: {_error_detail(body)}",
-                "worker",
+                "session" if gone else "worker",
             )
         return response.headers, body
 
-    def _session(self, model: Whisper) -> bytes:
-        """The session key for ``model``, after a handshake the first time."""
+    def _session(self, model: Whisper) -> tuple[bytes, str]:
+        """The session key for ``model`` and its request id, after a handshake the first time."""
         with self._lock:
+            if self._weights_digest and model.weights_digest != self._weights_digest:
+                raise ValueError("a RemoteEncoder session serves one model; make another for other weights")
             if self._key is not None:
-                if model.weights_digest != self._weights_digest:
-                    raise ValueError(
-                        "a RemoteEncoder session serves one model; make another for other weights"
-                    )
-                return self._key
+                return self._key, self.request_id
             hello = ClientHello(secrets.token_hex(16), fresh_nonce(), measure(model, self.carry))
             _, body = self._post("/v1/session", MAX_ANSWER_BYTES, json=hello.to_json(self.secret))
             try:
@@ -119,7 +153,15 @@ class RemoteEncoder:
             self._key = client_finish(self.secret, hello, answer)
             self.request_id = hello.request_id
             self._weights_digest = model.weights_digest
-            return self._key
+            self.handshakes += 1
+            return self._key, self.request_id
+
+    def _forget(self, key: bytes) -> None:
+        """The worker no longer holds the session of ``key``: the next window starts a new one (unless
+        another thread already did)."""
+        with self._lock:
+            if self._key is key:
+                self._key = None
 
     def encode(
         self, model: Whisper, mel: torch.Tensor, provenance: EncoderProvenance, reason: str = ""
@@ -130,9 +172,22 @@ class RemoteEncoder:
                 "language detection needs the encoder output, which --carry cross_kv does not bring back: "
                 "pass --language, or use --carry features"
             )
-        key = self._session(model)
+        for attempt in range(2):
+            key, request_id = self._session(model)
+            try:
+                return self._encode_in(model, mel, provenance, key, request_id)
+            except SealedCacheError as err:
+                if err.field != "session" or attempt:
+                    raise
+                self._forget(key)  # expired at the worker: one new handshake, then the window again
+        raise AssertionError("unreachable")
+
+    def _encode_in(
+        self, model: Whisper, mel: torch.Tensor, provenance: EncoderProvenance, key: bytes, request_id: str
+    ) -> EncodedWindow:
+        """One window through the session of ``key``."""
         seq = self._sequence.issue()
-        asked = request_label(model, provenance, self.request_id, seq)
+        asked = request_label(model, provenance, request_id, seq)
         costs = WindowCosts(provenance.window_start, provenance.window_end, self.carry)
         with stopwatch() as seal_ms:
             body = seal(key, DIRECTION_REQUEST, [asked], [tensor_bytes(mel)])
@@ -187,9 +242,16 @@ class RemoteEncoder:
 
 
 def _read_capped(
-    response: httpx.Response, limit: int, ends: float, deadline: float, path: str, ok: bool
+    response: httpx.Response,
+    limit: int,
+    ends: float,
+    deadline: float,
+    path: str,
+    ok: bool,
+    abandoned: threading.Event,
 ) -> bytes:
-    """The raw body of ``response``, refused past ``limit`` bytes or past the monotonic time ``ends``."""
+    """The raw body of ``response``, refused past ``limit`` bytes or past the monotonic time ``ends``;
+    given up at the next chunk once the caller stopped waiting (``abandoned``)."""
     coding = response.headers.get("content-encoding", "identity").lower()
     if coding != "identity":
         raise SealedCacheError(f"answer to {path} is {coding}-encoded; only identity is read", "transport")
@@ -207,7 +269,7 @@ def _read_capped(
             raise SealedCacheError(
                 f"answer to {path} is over {limit} bytes, the size the expected shapes need", "size"
             )
-        if time.monotonic() > ends:
+        if time.monotonic() > ends or abandoned.is_set():
             raise SealedCacheError(f"no complete answer to {path} within {deadline:g} s", "deadline")
         chunks.append(chunk)
     if time.monotonic() > ends:

@@ -17,6 +17,7 @@ result does not depend on what else is in the batch (see ``cpu/row_gemm.py``).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ class Scheduler:
             "self_kv_bytes": 0,
             "cross_kv_bytes": 0,
             "heap_trims": 0,  # idle spells after which the heap's free memory went back to the kernel
+            "windows_encoded": 0,  # windows the encoder ran for (a retry's or a hit's reuse is not one)
+            "encoder_seconds": 0.0,  # wall time of those encodes, Cross-KV projection included
         }
 
     # ---------------------------------------------------------------------------------- public API
@@ -252,8 +255,16 @@ class Scheduler:
                 self._fail(entry, err)
 
     def _encode(self, job: Job, task: WindowTask):  # noqa: ANN202 - EncodedWindow
-        """THE place a window is encoded: through the job's own store (its provenance names the job)."""
-        return job.store.encode(self.model, task.mel, task.window_start, task.window_end, "same window")
+        """THE place a window is encoded: through the job's own store (its provenance names the job).
+        The encoder's time is counted (``windows_encoded``, ``encoder_seconds``): what the server would
+        take if every decoder step were free (``benchmarks/serve.py`` prints that ceiling)."""
+        misses, started = job.store.misses, time.perf_counter()
+        window = job.store.encode(self.model, task.mel, task.window_start, task.window_end, "same window")
+        if job.store.misses > misses:
+            with self._lock:
+                self._stats["windows_encoded"] += 1
+                self._stats["encoder_seconds"] += time.perf_counter() - started
+        return window
 
     @torch.no_grad()
     def _decoder_step(self) -> None:

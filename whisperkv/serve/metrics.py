@@ -30,6 +30,12 @@ _STATS = {
     "cross_kv_bytes": ("whisperkv_cross_kv_bytes", "bytes of Cross-KV held by active windows", "gauge"),
     "steps_total": ("whisperkv_decoder_steps", "decoder steps run", "counter"),
     "tokens_total": ("whisperkv_decoded_tokens", "tokens decoded over all rows", "counter"),
+    "windows_encoded": ("whisperkv_windows_encoded", "30 s windows the encoder ran for", "counter"),
+    "encoder_seconds": (
+        "whisperkv_encoder_seconds",
+        "wall seconds the scheduler spent encoding windows (Cross-KV projection included)",
+        "counter",
+    ),
     "heap_trims": (
         "whisperkv_heap_trims",
         "idle spells after which the heap's free memory went back to the kernel",

@@ -9,9 +9,12 @@ temporary file and read by the one demuxer their magic bytes call for, out of an
 formats (:mod:`whisperkv.audio_formats`), with no protocol and no nested open, so a playlist or concat
 list cannot make the server read its own disk whatever it is called. Decoding stops as soon as the
 audio passes ``--max_audio_s``, and an upload longer than a minute is read window by window (a
-:class:`~whisperkv.audio_source.FileSource` over the copy), so memory stays bounded whatever the
-compression ratio. The samples are those ``load_audio`` gives the CLI for the same bytes, so a
-transcript over HTTP starts from the very waveform ``transcribe(path)`` would.
+:class:`~whisperkv.audio_source.FileSource`), so memory stays bounded whatever the compression ratio.
+That one decoding pass keeps a long upload's samples in an anonymous spool file
+(:mod:`whisperkv.audio_spool`, up to ``SPOOL_PER_UPLOAD_BYTE`` times ``--max_upload_mb``), which the
+windows are read from: decoded once. Longer audio than the spool holds is decoded again from the copy.
+The samples are those ``load_audio`` gives the CLI for the same bytes, so a transcript over HTTP starts
+from the very waveform ``transcribe(path)`` would.
 """
 
 from __future__ import annotations
@@ -30,11 +33,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from whisperkv.audio import SAMPLE_RATE, decode_untrusted, int16_to_float
 from whisperkv.audio_formats import AudioTooLongError, UnsupportedUpload, sniff_audio_format
 from whisperkv.audio_source import IN_MEMORY_SECONDS, AudioSource, FileSource
+from whisperkv.audio_spool import PcmSpool
 from whisperkv.errors import AudioError
 from whisperkv.serve.errors import APIError, error_body
 
 #: room for the form fields and multipart boundaries around the file, on top of the file limit
 FORM_OVERHEAD_BYTES = 64 * 1024
+#: a long upload's decoded samples are spooled up to this many times the upload limit (100 MB: 1 h 49 min
+#: of audio); the request then holds that file on disk instead of its upload's copy
+SPOOL_PER_UPLOAD_BYTE = 2
+#: the most one read of the upload's copy returns (FFmpeg reads again for the rest)
+READ_CHUNK_BYTES = 2**20
 
 
 def too_large(limit: int) -> APIError:
@@ -116,11 +125,12 @@ def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int)
 
     try:
         # a first pass decodes it all without a log-Mel: the limit is checked at decoding speed (a bomb
-        # of silence is refused in a second or two), and a short upload's waveform is kept
-        waveform = _first_pass(decode(), int(IN_MEMORY_SECONDS * SAMPLE_RATE))
+        # of silence is refused in a second or two), a short upload's waveform is kept, a long one's spooled
+        spool = PcmSpool(SPOOL_PER_UPLOAD_BYTE * limit)
+        waveform = _first_pass(decode(), int(IN_MEMORY_SECONDS * SAMPLE_RATE), spool)
         if waveform is not None:
             return waveform
-        source = FileSource.over(name, decode, n_mels)
+        source = FileSource.over(name, spool.blocks if spool.complete else decode, n_mels)
         source.n_samples  # noqa: B018 - its own pass, once: the length and the log-Mel peak
         return source
     except AudioTooLongError:
@@ -134,18 +144,27 @@ def open_upload(upload: UploadFile, limit: int, max_audio_s: float, n_mels: int)
         raise APIError(400, f"{name}: {err.reason}", param="file", code="invalid_audio") from None
 
 
-def _first_pass(blocks: Iterator[np.ndarray], most: int) -> np.ndarray | None:
+def _first_pass(blocks: Iterator[np.ndarray], most: int, spool: PcmSpool) -> np.ndarray | None:
     """Decode every block (the decoder refusing too long audio as it goes); the whole waveform if it
-    ends within ``most`` samples, else None (and only ``most`` samples were ever kept)."""
+    ends within ``most`` samples, else None, with every sample in ``spool`` unless it went over its cap
+    (only ``most`` samples were ever kept in memory)."""
     kept: list[np.ndarray] | None = []
     total = 0
     for block in blocks:
         total += len(block)
         if kept is not None and total > most:
+            for earlier in kept:
+                spool.append(earlier)
             kept = None
         if kept is not None:
             kept.append(block)
-    return None if kept is None else int16_to_float(np.concatenate(kept))
+        else:
+            spool.append(block)
+    if kept is not None:
+        spool.drop()  # a short upload: its waveform is in memory
+        return int16_to_float(np.concatenate(kept))
+    spool.finish()
+    return None
 
 
 class UploadCopy:
@@ -179,6 +198,11 @@ class _PositionalReader(io.RawIOBase):
 
     def seekable(self) -> bool:
         return True
+
+    def read(self, size: int = -1) -> bytes:
+        """At most ``READ_CHUNK_BYTES`` a call: FFmpeg reads a large packet straight into its own buffer
+        with one read of the packet's size, and ``RawIOBase.read`` would hold that size twice more."""
+        return super().read(size if size is None or size < 0 else min(size, READ_CHUNK_BYTES))
 
     def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
         data = os.pread(self._fd, min(len(buffer), max(0, self._size - self._at)), self._at)
