@@ -39,3 +39,8 @@ def cpu_has_avx512f() -> bool:
 def cpu_has_avx512_vnni() -> bool:
     """True when the int8 rows kernel's fast path (512-bit ``vpdpbusd``) runs here."""
     return {"avx512f", "avx512_vnni"} <= cpu_flags()
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """True when the bfloat16 rows kernel's dot product (512-bit ``vdpbf16ps``) runs here."""
+    return {"avx512f", "avx512_bf16"} <= cpu_flags()
