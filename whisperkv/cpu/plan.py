@@ -18,6 +18,7 @@ import torch
 from whisperkv.cpu import reorder as layer_reorder
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.bf16_step import Bf16StepRows, use_bf16_step
+from whisperkv.cpu.dot_attention import DotEncoderAttention
 from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.int8_decoder_step import use_int8_step
@@ -121,9 +122,9 @@ def use_attention_kernels(
 
     Decoder steps attend through the C kernel where it builds, for every CPU compute type: float32
     (``load_model`` turns it on), int8 and bfloat16 (``cpu/bfloat16.py``: everything said of the int8
-    type below holds for it, its linears being ``cpu/bf16_step.py``'s). The int8 type also holds its
-    Self-KV and Cross-KV in
-    bfloat16 (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
+    type below holds for it, its linears being ``cpu/bf16_step.py``'s, its encoder's attention without
+    AMX ``cpu/dot_attention.py``'s). The int8 type also holds its Self-KV and Cross-KV in bfloat16
+    (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
     bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
     call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
     (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
@@ -151,7 +152,7 @@ def use_attention_kernels(
     approx = int8 or bf16  # the approximate types (``cpu/quantize.py``, ``cpu/bfloat16.py``)
     if not approx and (model.device.type != "cpu" or model.dtype != torch.float32):
         raise ValueError(
-            f"the attention kernel is for float32, int8 and bfloat16 models on the CPU, not {model.dtype} "
+            f"the attention kernel is for float32 and int8 models on the CPU, not {model.dtype} "
             f"on {model.device.type}"
         )
     digest = model.weights_digest.split(ATTENTION_MARK)[0]  # of the weights as loaded (float32)
@@ -181,16 +182,24 @@ def _plan_encoder(
     model: Whisper, kernel: object, int8_on: bool, head_by_head: bool | None, tiles: bool, linears: bool
 ) -> str:
     """The bfloat16 encoder (the int8 and bfloat16 types', ``int8_on``) in AMX's tiles where the CPU has
-    them (else SDPA's bfloat16 path, faster there than head by head), head by head where it has not;
-    every other encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
+    them (else SDPA's bfloat16 path, faster there than head by head), head by head where it has not
+    (the bfloat16 type's through AVX512-BF16's dot product in C where it can: ``_dot_kernel``); every
+    other encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
     if head_by_head is None:
         head_by_head = not cpu_has_amx_bf16()
     bfloat16_encoder = int8_on and model.encoder_dtype == torch.bfloat16
     head_by_head = bfloat16_encoder and head_by_head
     tiled = bfloat16_encoder and not head_by_head and tiles and kernel is not None
     tiled = tiled and TiledEncoderAttention.available(kernel.library)
+    dot = head_by_head and _dot_kernel(model, kernel, tiles)
     encoder_attention = (
-        TiledEncoderAttention(kernel.library) if tiled else HeadByHeadAttention() if head_by_head else None
+        TiledEncoderAttention(kernel.library)
+        if tiled
+        else DotEncoderAttention(kernel.library)
+        if dot
+        else HeadByHeadAttention()
+        if head_by_head
+        else None
     )
     linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
     linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
@@ -200,6 +209,19 @@ def _plan_encoder(
         block.attn.kernel = encoder_attention
         block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
     model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
-    encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
+    encoder = "amx tiles" if tiled else "dot kernel" if dot else "head-by-head" if head_by_head else "sdpa"
     encoder += ", linears tiles" if linears else ""
     return encoder + (", convolutions tiles" if front else "")
+
+
+def _dot_kernel(model: Whisper, kernel: object, tiles: bool) -> bool:
+    """Whether the bfloat16 type's encoder attends through AVX512-BF16's dot product in C
+    (``cpu/dot_attention.py``) where it would go head by head: its own kernels on (``tiles``), the CPU
+    and the library with AVX512-BF16. The int8 type keeps head by head (its numbers and measured words
+    stay as they were; the kernel would serve it alike)."""
+    return (
+        model.compute_type == "bfloat16"
+        and tiles
+        and kernel is not None
+        and DotEncoderAttention.available(kernel.library)
+    )
