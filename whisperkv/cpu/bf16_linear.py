@@ -145,14 +145,9 @@ class Bfloat16Embedding(nn.Module):
 
     def __init__(self, projection: Bfloat16Linear) -> None:
         super().__init__()
-        self.projection = projection  # not a submodule: the decoder holds it as ``logits_projection``
+        # not a submodule: the decoder holds it as ``logits_projection`` (one entry in module walks)
+        object.__setattr__(self, "projection", projection)
         self.embedding_dim = projection.in_features
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "projection":  # kept out of ``_modules``: no second entry in state dicts or ``.to()``
-            object.__setattr__(self, name, value)
-            return
-        super().__setattr__(name, value)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         projection, d = self.projection, self.embedding_dim

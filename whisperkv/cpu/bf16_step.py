@@ -74,11 +74,9 @@ class Bf16StepRows:
     ) -> torch.Tensor:
         """Rows ``x`` [n, in] (float32, unit stride along a row) → [n, out]: ``norm`` first when given,
         then ``layer``'s bfloat16 product and bias, then GELU when ``gelu``, then ``+ residual``."""
-        bias = layer._bias.data_ptr() if layer._bias is not None else None
-        return call_rows(
-            self._rows, x, (layer._packed.data_ptr(), bias), layer.out_features, norm, gelu, residual,
-            "the bfloat16 step kernel",
-        )  # fmt: skip
+        weights = (layer._packed.data_ptr(), layer._bias.data_ptr() if layer._bias is not None else None)
+        what = "the bfloat16 step kernel"
+        return call_rows(self._rows, x, weights, layer.out_features, norm, gelu, residual, what)
 
 
 class Bf16Linear_(ctypes.Structure):  # noqa: N801 - the C struct's name, wkv_bf16_linear
