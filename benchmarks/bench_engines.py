@@ -209,12 +209,14 @@ class OpenAIWhisper(Engine):
         }
 
 
-#: the engines a user chooses between: whisperkv's compute types, sequential and batched (its VADs),
+#: the engines a user chooses between: whisperkv's compute types (float32, int8, bfloat16: ``bf16``),
+#: sequential and batched (its VADs),
 #: and each peer's. A fast path's slow twin is proven equal by the tests, not timed here; the twins the
 #: benchmark once carried and what they measured are in docs/performance_history.md.
 ENGINES = (
     "whisperkv-fp32",
     "whisperkv-int8",
+    "whisperkv-bf16",
     "whisperkv-batched-int8",
     "whisperkv-batched-fp32",
     "whisperkv-batched-int8-silero",
@@ -233,7 +235,7 @@ BEFORE = "@before"  # a whisperkv engine's suffix: the same engine from the chec
 
 def _make_engine(spec: str, threads: int, paths: dict) -> Engine:
     if spec.startswith("whisperkv-"):
-        compute = "int8" if "int8" in spec else "float32"
+        compute = "int8" if "int8" in spec else "bfloat16" if "bf16" in spec else "float32"
         vad = "silero" if "silero" in spec else "energy"
         return WhisperKV(paths["model"], compute, "batched" in spec, vad)
     if spec.startswith("faster-whisper-"):

@@ -31,7 +31,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
-    p.add_argument("--compute_type", default="default", choices=["default", "int8"])
+    p.add_argument("--compute_type", default="default", choices=["default", "int8", "bfloat16"])
     p.add_argument("--beam_size", type=int, default=None)
     p.add_argument("--pairs", type=int, default=6)
     args = p.parse_args()

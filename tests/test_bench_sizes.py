@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_sizes_benchmark_prints_every_engine_and_its_goals():
     require_oracle("ctranslate2")
-    engines = "whisperkv-float32,whisperkv-int8,faster-whisper-int8"
+    engines = "whisperkv-float32,whisperkv-int8,whisperkv-bfloat16,faster-whisper-int8"
     command = [sys.executable, "benchmarks/sizes.py", "--smoke", "--threads", "1", "--engines", engines]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)

@@ -126,8 +126,9 @@ def transcribe_parser(sub) -> CliParser:
     opt(
         "--compute_type",
         default="default",
-        choices=["default", "float32", "int8"],
-        help="int8: quantised linear layers (an approximation); default: float32 on CPU",
+        choices=["default", "float32", "int8", "bfloat16"],
+        help="int8: quantised linear layers; bfloat16: bfloat16 arithmetic (both approximations); "
+        "default: float32 on CPU",
     )
     return p
 

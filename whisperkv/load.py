@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from whisperkv.cpu.bfloat16 import convert_bfloat16
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.quantize import quantize_int8
 from whisperkv.cpu.row_gemm import adopt_row_gemm
@@ -72,8 +73,10 @@ def load_model(
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``cpu/quantize.py``);
-    "float32"/"float16"/"bfloat16" set the dtype. ``download_root`` and ``in_memory`` are accepted for
-    compatibility and ignored: whisperkv never downloads, and always reads the weights into memory.
+    ``"bfloat16"`` on the CPU is the bfloat16 compute type (``cpu/bfloat16.py``: loaded in float32, then
+    converted; another approximation), elsewhere the dtype, as "float32"/"float16" set it.
+    ``download_root`` and ``in_memory`` are accepted for compatibility and ignored: whisperkv never
+    downloads, and always reads the weights into memory.
     ``device=None`` picks CUDA where there is one, as openai-whisper's ``load_model`` does.
     """
     if device is None:
@@ -82,6 +85,9 @@ def load_model(
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
     cpu = str(device) == "cpu"
+    bfloat16 = cpu and compute_type == "bfloat16"  # the compute type, made from the float32 model
+    if bfloat16:
+        dtype = torch.float32
     layout = None
     if cpu and dtype == torch.float32:
         layout = vocab_layout
@@ -92,6 +98,8 @@ def load_model(
     )
     if compute_type == "int8":
         quantize_int8(model)  # the int8 type's own step plan (use_attention_kernels) included
+    elif bfloat16:
+        convert_bfloat16(model)  # as for int8: its own step plan included
     elif cpu and dtype == torch.float32:
         use_attention_kernels(model)  # the CPU backend's step plan, its kernels where a compiler builds them
     if cpu:

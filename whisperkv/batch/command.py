@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
     opt(
         "--compute_type",
         default="default",
-        choices=["default", "float32", "int8"],
-        help="int8: an approximation; default: float32 on CPU",
+        choices=["default", "float32", "int8", "bfloat16"],
+        help="int8 or bfloat16: approximations; default: float32 on CPU",
     )
     opt(
         "--threads",

@@ -53,8 +53,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--compute_type",
         default="default",
-        choices=["default", "float32", "int8"],
-        help="int8: faster, an approximation",
+        choices=["default", "float32", "int8", "bfloat16"],
+        help="int8 or bfloat16: faster, approximations",
     )
     p.add_argument(
         "--secret_file",

@@ -45,3 +45,8 @@ def cpu_has_bfloat16_products() -> bool:
     """True when the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): a bfloat16 product is then
     faster than a float32 one, not emulated."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """True when the bfloat16 rows kernel's dot product (512-bit ``vdpbf16ps``) runs here."""
+    return {"avx512f", "avx512_bf16"} <= cpu_flags()

@@ -17,6 +17,8 @@ import torch
 
 from whisperkv.cpu import reorder as layer_reorder
 from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.bf16_step import Bf16StepRows, use_bf16_step
+from whisperkv.cpu.dot_attention import DotEncoderAttention
 from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.int8_decoder_step import use_int8_step
@@ -80,14 +82,15 @@ class CpuStepPlan:
 
     def logits(self, decoder: TextDecoder, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor | None:
         """The final LayerNorm inside the vocabulary projection's call, as the one-call step makes it:
-        the float32 type's table (rows-gemm layout) or the int8 type's linear through the step's kernel."""
+        the float32 type's table (rows-gemm layout) or the int8 or bfloat16 type's linear through the step's
+        kernel."""
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return None
         projection = decoder.logits_projection
         if isinstance(projection, ChunkedRowProjection):
             return projection(x, sizes, norm=decoder.ln) if projection.kernel is not None else None
         rows = getattr(decoder.blocks[0], "step_rows", None) if len(decoder.blocks) else None
-        if not isinstance(rows, Int8StepRows) or not rows.takes(projection):
+        if not isinstance(rows, (Int8StepRows, Bf16StepRows)) or not rows.takes(projection):
             return None
         flat = x.reshape(-1, x.shape[-1])
         return rows.through(flat, projection, norm=decoder.ln).view(*x.shape[:-1], -1)
@@ -118,9 +121,11 @@ def use_attention_kernels(
 ) -> None:
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
-    Decoder steps attend through the C kernel where it builds, for both CPU compute types: float32
-    (``load_model`` turns it on) and int8. The int8 type also holds its Self-KV and Cross-KV in
-    bfloat16 (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
+    Decoder steps attend through the C kernel where it builds, for every CPU compute type: float32
+    (``load_model`` turns it on), int8 and bfloat16 (``cpu/bfloat16.py``: everything said of the int8
+    type below holds for it, its linears being ``cpu/bf16_step.py``'s, its encoder's attention without
+    AMX ``cpu/dot_attention.py``'s). The int8 type also holds its Self-KV and Cross-KV in bfloat16
+    (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
     bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
     call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
     (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
@@ -144,8 +149,9 @@ def use_attention_kernels(
     through the kernel, 14 ms through the row GEMMs; ``benchmarks/profile_step.py``).
     The digest names it too ("linears kernel"; "final norm kernel": the LayerNorm before the vocabulary
     is the kernel's too, ``TextDecoder._logits``)."""
-    int8 = model.compute_type == "int8"
-    if not int8 and (model.device.type != "cpu" or model.dtype != torch.float32):
+    int8, bf16 = model.compute_type == "int8", model.compute_type == "bfloat16"
+    approx = int8 or bf16  # the approximate types (``cpu/quantize.py``, ``cpu/bfloat16.py``)
+    if not approx and (model.device.type != "cpu" or model.dtype != torch.float32):
         raise ValueError(
             f"the attention kernel is for float32 and int8 models on the CPU, not {model.dtype} "
             f"on {model.device.type}"
@@ -157,14 +163,14 @@ def use_attention_kernels(
     # the step's linears and vocabulary: the kernels, or the row GEMMs (float32) / PyTorch between the
     # int8 kernels, their twins
     if rows is None:
-        rows = int8 or cpu_has_avx512f()
-    use = use_int8_step if int8 else use_step_rows
+        rows = approx or cpu_has_avx512f()
+    use = use_int8_step if int8 else use_bf16_step if bf16 else use_step_rows
     step_rows = use(model.decoder, on=kernel is not None and rows)
-    caches = int8 and kernel is not None and bfloat16_caches
+    caches = approx and kernel is not None and bfloat16_caches
     model.decoder.kv_dtype = torch.bfloat16 if caches else None
     model.decoder.plan = CpuStepPlan()
-    encoder = _plan_encoder(model, kernel, int8 and on, head_by_head, tiles, linears)
-    if not int8 and kernel is None:
+    encoder = _plan_encoder(model, kernel, approx and on, head_by_head, tiles, linears)
+    if not approx and kernel is None:
         model.__dict__["weights_digest"] = digest  # SDPA: the reference's own attention
         return
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
@@ -176,9 +182,10 @@ def use_attention_kernels(
 def _plan_encoder(
     model: Whisper, kernel: object, int8_on: bool, head_by_head: bool | None, tiles: bool, linears: bool
 ) -> str:
-    """The bfloat16 encoder (the int8 type's) in AMX's tiles where the CPU has them (else SDPA's
-    bfloat16 path, faster there than head by head), head by head where it has not; every other
-    encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
+    """The bfloat16 encoder (the int8 and bfloat16 types', ``int8_on``) in AMX's tiles where the CPU has
+    them (else SDPA's bfloat16 path, faster there than head by head), head by head where it has not
+    (the bfloat16 type's through AVX512-BF16's dot product in C where it can: ``_dot_kernel``); every
+    other encoder keeps SDPA and PyTorch's linears. Returns what was chosen, for the digest."""
     if head_by_head is None:
         head_by_head = not cpu_has_amx_bf16()
     rows_on = tiles and linears and kernel is not None  # the int8 encoder's runners (twins: False)
@@ -188,9 +195,12 @@ def _plan_encoder(
     head_by_head = bfloat16_encoder and head_by_head
     tiled = bfloat16_encoder and not head_by_head and tiles and kernel is not None
     tiled = tiled and TiledEncoderAttention.available(kernel.library)
+    dot = head_by_head and _dot_kernel(model, kernel, tiles)
     encoder_attention = (
         TiledEncoderAttention(kernel.library)
         if tiled
+        else DotEncoderAttention(kernel.library)
+        if dot
         else HeadByHeadAttention(from_float32=int8_encoder)
         if head_by_head or int8_encoder
         else None
@@ -203,7 +213,7 @@ def _plan_encoder(
         block.attn.kernel = encoder_attention
         block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
     model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
-    encoder = "amx tiles" if tiled else "head-by-head" if head_by_head else "sdpa"
+    encoder = "amx tiles" if tiled else "dot kernel" if dot else "head-by-head" if head_by_head else "sdpa"
     encoder = "head-by-head bfloat16" if int8_encoder else encoder
     encoder += ", linears tiles" if linears else ""
     encoder += ", convolutions tiles" if front else ""
@@ -223,3 +233,16 @@ def _plan_int8_encoder(model: Whisper, on: bool) -> str:
         block.tiles = Int8EncoderBlock(rows) if blocks else None
     model.encoder.front = Bfloat16Front(model.encoder) if front else None
     return (", linears rows kernel" if blocks else "") + (", convolutions bfloat16" if front else "")
+
+
+def _dot_kernel(model: Whisper, kernel: object, tiles: bool) -> bool:
+    """Whether the bfloat16 type's encoder attends through AVX512-BF16's dot product in C
+    (``cpu/dot_attention.py``) where it would go head by head: its own kernels on (``tiles``), the CPU
+    and the library with AVX512-BF16. The int8 type keeps its own attention (head by head, from its
+    float32 activations; its numbers and measured words stay as they were)."""
+    return (
+        model.compute_type == "bfloat16"
+        and tiles
+        and kernel is not None
+        and DotEncoderAttention.available(kernel.library)
+    )

@@ -64,8 +64,8 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument(
         "--compute_type",
         default="default",
-        choices=["default", "float32", "int8"],
-        help="int8: faster, an approximation",
+        choices=["default", "float32", "int8", "bfloat16"],
+        help="int8 or bfloat16: faster, approximations",
     )
     p.add_argument("--max_batch", type=positive_int, default=16, help="rows per decoder step (default: 16)")
     p.add_argument(
