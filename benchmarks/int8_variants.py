@@ -9,6 +9,8 @@ one of them on the same float32 weights, and every variant transcribes the bench
 * ``int8``          — the type as loaded: int8 decoder linears and vocabulary, bfloat16 caches, and the
                       encoder this CPU gets (``cpu/quantize.py``'s ``encoder_choice``: bfloat16 with AMX,
                       int8 linears through the rows kernel with AVX512-VNNI, ...);
+* ``int8-head-by-head`` — the encoder's attention head by head in PyTorch instead of the dot-product
+                      kernel (``cpu/dot_attention.py``), where the int8 rows encoder runs;
 * ``float32-caches``— Self-KV and Cross-KV held in float32;
 * ``bfloat16-encoder`` — the encoder in bfloat16;
 * ``int8-rows-encoder`` — the encoder's linears in int8 through the rows kernel (each position's own scale);
@@ -34,6 +36,7 @@ from bench import build_audio  # noqa: E402
 from provenance import describe  # noqa: E402
 
 import whisperkv  # noqa: E402
+from whisperkv.cpu.head_by_head import HeadByHeadAttention  # noqa: E402
 from whisperkv.cpu.plan import use_attention_kernels  # noqa: E402
 from whisperkv.cpu.quantize import quantize_int8  # noqa: E402
 from whisperkv.metrics import word_errors  # noqa: E402
@@ -41,6 +44,7 @@ from whisperkv.model.whisper import Whisper  # noqa: E402
 
 VARIANTS = (
     "int8",
+    "int8-head-by-head",
     "float32-caches",
     "bfloat16-encoder",
     "int8-rows-encoder",
@@ -63,6 +67,9 @@ def load_variant(model: str, variant: str) -> Whisper:
         use_attention_kernels(loaded, True, bfloat16_caches=False)
     if variant == "float32-vocab":
         loaded.decoder.logits_projection = projection
+    if variant == "int8-head-by-head":
+        for block in loaded.encoder.blocks:
+            block.attn.kernel = HeadByHeadAttention(from_float32=True)
     return loaded
 
 

@@ -7,9 +7,10 @@ own, as a decoder step's rows are) took 62 and 54 CPU ms for the MLP's two linea
 through PyTorch's bfloat16 (oneDNN), 1.6-1.8x (``benchmarks/encoder_int8.py``, CPU time, shared machine).
 
 * ``Int8EncoderBlock``: each linear of a block with its LayerNorm, bias, GELU and residual in one C call
-  (``Int8StepRows``, the decoder step's), the attention between them as the block's own (head by head in
-  bfloat16, ``cpu/head_by_head.py``). Twin: the block's PyTorch forward over the same ``Int8Linear``s
-  (the same products; PyTorch's LayerNorm and GELU, whose last bits differ).
+  (``Int8StepRows``, the decoder step's), the attention between them in bfloat16: through AVX512-BF16's
+  dot product in C (``cpu/dot_attention.py``) where the library has it, else head by head
+  (``cpu/head_by_head.py``). Twin: the block's PyTorch forward over the same ``Int8Linear``s (the same
+  products; PyTorch's LayerNorm and GELU, whose last bits differ; head by head).
 * ``Bfloat16Front``: the two convolutions and GELUs in bfloat16 (oneDNN's bfloat16 convolution took less
   than half the float32 one's time here), the positions added in float32. Twin: the float32 front.
 
@@ -49,6 +50,8 @@ class Int8EncoderBlock:
         flat = x.reshape(b * t, d).contiguous()
         attn, rows = block.attn, self.rows
         qkv = rows.through(flat, attn.qkv, norm=block.attn_ln).view(b, t, 3 * d)
+        if attn.kernel is not None:  # a bfloat16 attention: rounded once, as one projection's layout
+            qkv = qkv.to(torch.bfloat16)
         q, k, v = qkv[..., :d], heads(qkv[..., d : 2 * d], attn.n_head), heads(qkv[..., 2 * d :], attn.n_head)
         attended = attn.attention(q, k, v).reshape(b * t, d).float().contiguous()
         flat = rows.through(attended, attn.out, residual=flat)
