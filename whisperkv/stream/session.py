@@ -201,6 +201,9 @@ class StreamingSession:
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.decoded = None
         self.in_speech = self.vad is None
+        release = getattr(self.decoder, "release", None)
+        if release is not None:  # the buffer moved past what the decoder holds: no later update reuses it
+            release()
         return events
 
     def _catch_up(self, end: int) -> list[Event]:
