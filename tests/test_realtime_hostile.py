@@ -1,8 +1,9 @@
 """The Realtime socket against hostile clients: a real server on 127.0.0.1 and the websockets client.
 
-The app is the server's own (``create_app``) around a stand-in scheduler, so what is tested is the socket's
-handling (admission, parsing, caps, cancellation) in a second or two; decoding through the real scheduler
-is tests/test_stream_realtime.py's. The event parser is also tried with hypothesis: any text or bytes give
+The app is the server's own (``create_app``) around tiny.en and a stand-in scheduler that decodes nothing
+(each update's job answers no words), so what is tested is the socket's handling (admission, parsing,
+caps, cancellation) in a second or two; decoding through the real scheduler is
+tests/test_stream_realtime.py's. The event parser is also tried with hypothesis: any text or bytes give
 a ``ClientEvent`` or a ``RealtimeError``, nothing else.
 """
 
@@ -24,6 +25,7 @@ from tests.conftest import require_oracle
 from whisperkv.errors import JobCancelledError
 from whisperkv.serve.realtime import max_message_chars
 from whisperkv.serve.realtime_events import EVENT_TYPES, ClientEvent, RealtimeError, parse_event
+from whisperkv.stream.hypothesis import Hypothesis
 
 websockets = require_oracle("websockets")
 uvicorn = require_oracle("uvicorn")
@@ -49,7 +51,7 @@ class StandInHandle:
             if not self.cancelled.wait(60):
                 raise TimeoutError("never cancelled")
             raise JobCancelledError(f"job {self.request_id} was cancelled")
-        return {"segments": []}
+        return {"hypothesis": Hypothesis()}
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -69,14 +71,10 @@ class StandInScheduler:
     def stats(self) -> dict:
         return {}
 
-    def submit(self, audio, options=None, *, request_id=None) -> StandInHandle:
-        handle = StandInHandle(request_id or "job", self.block)
+    def submit_job(self, job) -> StandInHandle:
+        handle = StandInHandle(job.request_id, self.block)
         self.handles.append(handle)
         return handle
-
-
-class EnglishModel:
-    is_multilingual = False
 
 
 def _free_port() -> int:
@@ -86,13 +84,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(tiny_model):
     from whisperkv.serve import ServeSettings, create_app
 
     settings = ServeSettings(
         api_key=API_KEY, realtime_max_sessions=SESSIONS, realtime_buffer_s=BUFFER_S, model_name="tiny.en"
     )
-    return create_app(EnglishModel(), StandInScheduler(), settings)
+    return create_app(tiny_model, StandInScheduler(), settings)
 
 
 @pytest.fixture(scope="module")

@@ -132,3 +132,13 @@ def test_warm_runs_the_whole_path_once_and_forgets_it(tiny_model, jfk):
     assert decoder.store.refusals == [] and decoder.store.hits == []
     warm = decoder.decode(jfk[: 3 * 16000], 0, "")
     assert warm.words == cold.words and decoder.encodes == 1  # warming changes no word and no time
+
+
+def test_a_multilingual_stream_given_no_language_detects_it_once(base_model, speech_dir):
+    audio = load_audio(speech_dir / "xx/pv_test_fr.wav")
+    decoder = LocalDecoder(base_model, None)
+    assert decoder.state.detecting
+    first = decoder.decode(audio[: 4 * 16000], 0, "")
+    assert decoder.tokenizer.language == "fr" and not decoder.state.detecting and first.words
+    decoder.warm()  # forgets the detection with the rest
+    assert decoder.state.detecting and decoder.tokenizer.language == "en"

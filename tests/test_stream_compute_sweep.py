@@ -126,10 +126,11 @@ def test_clips_lose_no_word_beyond_the_budget(runs, clip, compute, vad, request)
     if clip == "en/mfa_words.flac" and vad:
         request.applymarker(
             pytest.mark.xfail(
-                reason="known, not fixed (issue 42): with VAD utterances inside 'word word word word word', "
-                "2 of the 16 offline words are lost at 1.5-5 s per update and 2 extra come at 0.1-0.5 s "
-                "(an identical word at an utterance seam is taken for, or not taken for, a re-hearing)",
-                strict=False,
+                reason="offline transcribe() is the wrong yardstick here: it hears six 'word's at the "
+                "end where the clip says five (manifest.tsv) and 'for Styliner' for 'forced aligner'; the "
+                "stream with a VAD hears the clip's five at every compute time (the test below), so one "
+                "offline word is 'missing', and at 0.1-0.5 s 'forced a liner' is 3 more errors",
+                strict=True,
             )
         )
     check_within_budget(runs, clip, compute, vad)
@@ -137,7 +138,23 @@ def test_clips_lose_no_word_beyond_the_budget(runs, clip, compute, vad, request)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
-@pytest.mark.parametrize("compute", (0.5, 3.0))
+@pytest.mark.parametrize("compute", COMPUTE_TIMES)
 @pytest.mark.parametrize("clip", LONG)
 def test_long_files_lose_no_word_beyond_the_budget(runs, clip, compute, vad):
     check_within_budget(runs, clip, compute, vad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compute", COMPUTE_TIMES)
+def test_mfa_words_with_vad_keeps_every_word_of_the_clip(runs, compute, speech_dir):
+    """Against the clip's own words (manifest.tsv): "word" said five times at the end, across two
+    utterances the VAD cuts, is five "word"s at every compute time (two were lost at 1.5-5 s, two added at
+    0.1-0.5 s: an identical word at the seam was taken for, or not taken for, a re-hearing)."""
+    import csv
+
+    rows = csv.DictReader(open(speech_dir / "manifest.tsv", encoding="utf-8"), delimiter="\t")
+    reference = next(r["reference"] for r in rows if r["file"] == "en/mfa_words.flac")
+    streamed = runs("en/mfa_words.flac", compute, True)
+    found = alignment(reference, streamed)
+    assert found.deletions == 0, streamed
+    assert normalize_text(streamed).split().count("word") == reference.split().count("word") == 7

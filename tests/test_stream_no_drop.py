@@ -177,3 +177,10 @@ def test_no_word_dropped_at_any_compute_time_chunk_and_buffer_size(
     compute, chunk, vad, trim_after, max_buffer
 ):
     check(compute, chunk, vad, trim_after=trim_after, max_buffer=max_buffer)
+
+
+def test_a_stream_far_behind_with_a_short_buffer_loses_no_word():
+    """hypothesis's counterexample: at 6 s per update and a 10 s buffer, "for" (dated before the
+    committed "do" ended) was skipped by time, and a word cut off at the buffer's end was committed."""
+    check(6.0, 1.0, False, trim_after=1.0, max_buffer=10.0)
+    check(5.5, 1.7, False, trim_after=6.0, max_buffer=10.0)

@@ -186,3 +186,41 @@ def test_a_looping_decode_is_neither_agreed_with_nor_committed_at_the_close():
     assert session.update() == []  # the loop: nothing agreed, the last hypothesis kept
     session.finish()  # decoded as a loop again: what the last good update heard is committed
     assert session.committed_text() == "a b c"
+
+
+def test_agreement_with_no_committed_word_in_the_buffer_skips_only_a_repeat_of_the_committed_end():
+    la = LocalAgreement()
+    la.flush(words("can do", start=0.0))  # committed; "do" dated 0.5-0.9
+    la.first_in_buffer = len(la.committed)  # the buffer was cut after them: none of them is in it
+    # "for" dated 0.1 s before the committed end is new all the same (by time alone it was skipped: lost)
+    heard = [Word(" for", 0.75, 1.0), Word(" you", 1.1, 1.4)]
+    assert [w.text for w in la.unseen(heard)] == [" for", " you"]
+    # a repeat of the committed end near it is a re-hearing (the cut may leave a sliver of "do")
+    assert [w.text for w in la.unseen([Word(" do", 0.7, 0.9), *heard])] == [" for", " you"]
+    # unless the session knows the buffer holds nothing committed (a new utterance after a pause)
+    la.fresh = True
+    assert [w.text for w in la.unseen([Word(" do", 1.5, 1.8)])] == [" do"]
+
+
+class UnclosedDecoder(ScriptedDecoder):
+    """Hypotheses that close no segment (a decode that ran on without a timestamp)."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        self.calls.append((start_sample, len(audio), prompt))
+        return Hypothesis(words("one two. three four five six", start=0.1, step=0.6), [])
+
+
+def test_a_long_buffer_with_no_segment_end_is_cut_at_a_committed_sentence_end():
+    decoder = UnclosedDecoder(["-"])
+    session = StreamingSession(decoder, trim_after=2.0, max_buffer=100)
+    for _ in range(4):
+        session.feed(np.zeros(SR, dtype=np.float32))
+        session.update()
+        if session.buffer_start:
+            break
+    assert session.committed_text().startswith("one two.")
+    cut = session.buffer_start / SR
+    assert 1.1 <= cut <= 1.3  # after "two." (0.7-1.1), before "three" (1.3)
+    session.feed(np.zeros(SR, dtype=np.float32))
+    session.update()  # the next decode starts at the cut, prompted with what left the buffer
+    assert decoder.calls[-1][0] == int(cut * SR) and decoder.calls[-1][2] == "one two."

@@ -15,6 +15,11 @@ import pytest
 from tests.conftest import require_oracle
 from whisperkv.audio import load_audio
 from whisperkv.metrics import wer
+from whisperkv.serve.realtime import CHUNK_S
+from whisperkv.stream.local_decoder import LocalDecoder
+from whisperkv.stream.pcm import Resampler
+from whisperkv.stream.session import StreamingSession
+from whisperkv.stream.vad import SpeechDetector
 
 websockets = require_oracle("websockets")
 uvicorn = require_oracle("uvicorn")
@@ -65,8 +70,44 @@ def server(app):
     assert not thread.is_alive()
 
 
+def pcm_bytes(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
 def pcm_b64(samples: np.ndarray) -> str:
-    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+    return base64.b64encode(pcm_bytes(samples)).decode()
+
+
+def in_process_twin(model, pieces: list[bytes], rate: int) -> tuple[str, dict]:
+    """``whisperkv stream``'s path (``LocalDecoder``, the same VAD) fed what a server session was fed, on
+    the session's schedule: each append resampled to 16 kHz and fed, an update once ``CHUNK_S`` of new
+    audio has come. Its committed text and reuse counts."""
+    session = StreamingSession(LocalDecoder(model), vad=SpeechDetector())
+    session.warm()
+    resample, pending = Resampler(rate), 0
+    for piece in pieces:
+        samples = resample(piece)
+        session.feed(samples)
+        pending += len(samples)
+        if pending >= CHUNK_S * 16000:
+            pending = 0
+            session.update()
+    return session.committed_text(), session.reuse_summary()
+
+
+def metric_values(app) -> dict:
+    """The app's stream counters as /metrics has them: (kind, accepted | refused) and (what, work)."""
+    registry = app.state.metrics.registry
+    values = {}
+    for kind in ("encoder_output", "cross_kv", "prompt_self_kv"):
+        for outcome in ("accepted", "refused"):
+            labels = {"kind": kind, "outcome": outcome}
+            values[(kind, outcome)] = registry.get_sample_value("whisperkv_stream_reuse_total", labels) or 0
+    for what in ("updates", "encodes"):
+        values[(what, "work")] = (
+            registry.get_sample_value("whisperkv_stream_updates_total", {"what": what}) or 0
+        )
+    return values
 
 
 async def next_event(ws) -> dict:
@@ -137,11 +178,10 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
                 assert (
                     error["type"] == "error" and error["error"]["code"] == code and error["error"]["message"]
                 )
-            piece = 12000  # 0.5 s
-            for i in range(0, len(audio_24k), piece):
+            for piece in pieces:
                 await ws.send(
                     json.dumps(
-                        {"type": "input_audio_buffer.append", "audio": pcm_b64(audio_24k[i : i + piece])}
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}
                     )
                 )
             # events are handled in order: the answer to this marker comes after every append's events
@@ -149,7 +189,9 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
             await until(ws, "error", seen)
         return seen
 
+    pieces = [pcm_bytes(audio_24k[i : i + 12000]) for i in range(0, len(audio_24k), 12000)]  # 0.5 s each
     steps_before = app.state.scheduler.stats()["steps_total"]
+    reuse_before = metric_values(app)
     seen = asyncio.run(talk())
     assert app.state.scheduler.stats()["steps_total"] > steps_before  # decoded by the server's scheduler
     kinds = [e["type"] for e in seen]
@@ -163,6 +205,18 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
             e["delta"] for e in seen if e.get("item_id") == item["item_id"] and e["type"].endswith(".delta")
         ]
         assert "".join(deltas) == item["transcript"]
+
+    # the server's stream is the in-process one: the same words (exactly), the same reuse by provenance
+    text, reuse = in_process_twin(app.state.model, pieces, 24000)
+    assert " ".join(transcript.split()) == " ".join(text.split())
+    served = completed[-1]["reuse"]
+    assert served == reuse and served["encodes"] < served["updates"]
+    assert served["accepted"]["encoder_output"] > 0 and served["accepted"]["prompt_self_kv"] > 0
+    counted = metric_values(app)  # /metrics adds each session's counts
+    for kind in ("encoder_output", "cross_kv", "prompt_self_kv"):
+        gained = counted[(kind, "accepted")] - reuse_before[(kind, "accepted")]
+        assert gained == served["accepted"][kind]
+    assert counted[("updates", "work")] - reuse_before[("updates", "work")] == served["updates"]
 
 
 def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
@@ -218,3 +272,34 @@ def test_missing_key_and_wrong_intent_are_refused_before_the_handshake(server):
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
     body, status = asyncio.run(refused(server.replace("intent=transcription", "intent=conversation"), AUTH))
     assert status == 400 and body["error"]["code"] == "unsupported_intent"
+
+
+def test_a_session_never_takes_another_sessions_window(tiny_model, jfk):
+    """Two sessions on the same audio: each encodes for itself (provenance names the session), a window
+    handed from one to the other is refused on ``request_id`` and encoded again, while a session's own
+    window is reused when its update is exactly the same."""
+    from whisperkv.cache.provenance import first_difference
+    from whisperkv.engine import Scheduler
+    from whisperkv.serve.realtime_decoder import SchedulerDecoder
+
+    scheduler = Scheduler(tiny_model)
+    scheduler.start()
+    try:
+        a = SchedulerDecoder(scheduler, tiny_model, "en", "sess_a")
+        b = SchedulerDecoder(scheduler, tiny_model, "en", "sess_b")
+        buffer = jfk[: 4 * 16000]
+        first = a.decode(buffer, 0, "")
+        assert b.decode(buffer, 0, "").words == first.words
+        window_a, window_b = a.state.previous, b.state.previous
+        assert first_difference(window_a.provenance, window_b.provenance)[0] == "request_id"
+        b.state.previous = window_a  # as a bug that mixed up sessions would hand it over
+        assert b.decode(buffer, 0, "").words == first.words
+        assert b.reuse_summary()["refused"]["encoder_output"] == {"request_id": 1}
+        assert b.state.encodes == 2 and b.state.previous is not window_a
+        assert a.decode(buffer, 0, "").words == first.words  # its own, unchanged: reused
+        summary = a.reuse_summary()
+        assert summary["accepted"] == {"encoder_output": 1, "cross_kv": 1, "prompt_self_kv": 1}
+        assert a.state.encodes == 1 and a.state.updates == 2
+        assert LocalDecoder(tiny_model).decode(buffer, 0, "").words == first.words  # the in-process words
+    finally:
+        scheduler.stop()

@@ -31,6 +31,7 @@ from whisperkv.audio_source import AudioSource, open_source
 from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.decoding.language import detect_language_from_features
 from whisperkv.decoding.options import DecodingOptions, DecodingResult
+from whisperkv.decoding.window import WindowDecode
 from whisperkv.engine.options import TranscribeOptions, fallback_options
 from whisperkv.engine.segments import cut_segments, drop_hallucinations
 from whisperkv.local_encoder import LocalEncoder
@@ -198,6 +199,12 @@ class Job:
             return WindowTask(seek, segment_size, mel, options, attempt=0)
         self._finish()
         return None
+
+    def window_rows(self, task: WindowTask) -> WindowDecode:
+        """The decoder rows for ``task``'s window (the scheduler prefills and steps them)."""
+        return WindowDecode(
+            self.model, self.tokenizer, task.options, task.window, self.request_id, self.generator
+        )
 
     def prompt(self) -> list[int]:
         """The previous text this window is conditioned on (after <|startofprev|>)."""

@@ -242,14 +242,7 @@ class Scheduler:
                         continue
                 if entry.task.window is None:
                     entry.task.window = self._encode(job, entry.task)
-                entry.rows = WindowDecode(
-                    self.model,
-                    job.tokenizer,
-                    entry.task.options,
-                    entry.task.window,
-                    job.request_id,
-                    job.generator,
-                )
+                entry.rows = job.window_rows(entry.task)
                 entry.rows.prefill()
             except Exception as err:  # noqa: BLE001 - the job fails, the loop and the other jobs go on
                 self._fail(entry, err)

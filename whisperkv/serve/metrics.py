@@ -97,9 +97,43 @@ class ServeMetrics:
             registry=self.registry,
         )
 
+        self.stream_reuse = Counter(
+            "whisperkv_stream_reuse",
+            "Realtime updates' reuse decisions by provenance: kind (encoder_output, cross_kv, "
+            "prompt_self_kv) and outcome (accepted, refused)",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.stream_work = Counter(
+            "whisperkv_stream_updates",
+            "Realtime updates decoded and windows they encoded (what = updates, encodes)",
+            ["what"],
+            registry=self.registry,
+        )
+
+    def count_stream_reuse(self, before: dict | None, now: dict) -> None:
+        """Add what one session's reuse summary (``StreamState.summary``) gained since ``before``."""
+        old, new = _reuse_totals(before), _reuse_totals(now)
+        for (kind, outcome), total in new.items():
+            gained = total - old.get((kind, outcome), 0)
+            if outcome == "work":
+                self.stream_work.labels(what=kind).inc(gained)
+            else:
+                self.stream_reuse.labels(kind=kind, outcome=outcome).inc(gained)
+
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         self.latency.labels(endpoint=endpoint).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _reuse_totals(summary: dict | None) -> dict[tuple[str, str], int]:
+    """(kind, accepted | refused) → count, and (updates | encodes, work) → count, of a reuse summary."""
+    if summary is None:
+        return {}
+    totals = {(kind, "accepted"): n for kind, n in summary["accepted"].items()}
+    totals.update({(kind, "refused"): sum(by.values()) for kind, by in summary["refused"].items()})
+    totals.update({(what, "work"): summary[what] for what in ("updates", "encodes")})
+    return totals

@@ -16,10 +16,13 @@ the uncommitted audio past ``realtime_buffer_s`` seconds is an error event, and 
 than an append of ``MAX_APPEND_S`` seconds. A client that disconnects cancels the decode in flight.
 
 Each connection owns one ``StreamingSession``. Its decodes go to the server's ``Scheduler`` when the app
-has one (``app.state.scheduler``): each update is a job on the ≤ 30 s buffer with the committed text as
-``initial_prompt``, batched with every other request. Without a scheduler the session decodes in this
-process with ``LocalDecoder``. Decoding runs in a worker thread; audio that arrives meanwhile waits in the
-socket (past ``INBOX_EVENTS`` read ahead), as on the computation-aware clock.
+has one (``app.state.scheduler``): each update is an ``UpdateJob`` on the ≤ 30 s buffer with the committed
+text as its prompt, batched with every other request, and the session keeps its store and reuse ledger
+across updates (``realtime_decoder``), so it takes the exact reuse ``whisperkv stream`` takes. Each
+``.completed`` event carries the session's ``reuse`` counts so far, and ``/metrics`` sums them over
+sessions. Without a scheduler the session decodes in this process with ``LocalDecoder``. Decoding runs in
+a worker thread; audio that arrives meanwhile waits in the socket (past ``INBOX_EVENTS`` read ahead), as
+on the computation-aware clock.
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ import math
 import uuid
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from uvicorn.protocols.utils import ClientDisconnected
 
-from whisperkv.errors import JobCancelledError, WhisperKVError
+from whisperkv.errors import WhisperKVError
 from whisperkv.serve.realtime_admission import deny, refusal, sessions_full
+from whisperkv.serve.realtime_decoder import SchedulerDecoder
 from whisperkv.serve.realtime_events import (
     LANGUAGE_PARAM,
     ClientEvent,
@@ -47,7 +50,6 @@ from whisperkv.serve.realtime_events import (
 )
 from whisperkv.serve.settings import ServeSettings
 from whisperkv.stream.events import Event
-from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
 from whisperkv.stream.pcm import PCMError, Resampler
 from whisperkv.stream.session import SAMPLE_RATE, StreamingSession
 from whisperkv.stream.vad import SpeechDetector
@@ -62,43 +64,6 @@ MESSAGE_OVERHEAD_CHARS = 64 * 1024
 #: the most audio one append may carry (seconds; less when the buffer cap is lower): each message is
 #: held a few times over while it is parsed, decoded and resampled, by every session at once
 MAX_APPEND_S = 15.0
-
-
-class SchedulerDecoder:
-    """Updates decoded as jobs of the server's scheduler (no state carried between jobs)."""
-
-    def __init__(self, scheduler: Any, language: str | None, stream_id: str) -> None:
-        self.scheduler = scheduler
-        self.language = language
-        self.stream_id = stream_id
-        self.jobs = itertools.count()
-        self.updates = 0
-
-        self.current: Any = None  # the job in flight
-        self.cancelled = False
-
-    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
-        if self.cancelled:
-            raise JobCancelledError(f"stream {self.stream_id} was cancelled")
-        self.updates += 1
-        options = {"language": self.language, "initial_prompt": prompt or None, "word_timestamps": True}
-        self.current = self.scheduler.submit(audio, options, request_id=f"{self.stream_id}-{next(self.jobs)}")
-        try:
-            segments = self.current.result()["segments"]
-        finally:
-            self.current = None
-        return hypothesis_from_segments(segments, max(len(segments) - 1, 0))
-
-    def cancel(self) -> None:
-        """The client left: drop the job in flight and decode nothing more."""
-        self.cancelled = True
-        current = self.current
-        if current is not None:
-            current.cancel()
-
-    def reuse_summary(self) -> dict:
-        zero = {"encoder_output": 0, "cross_kv": 0, "prompt_self_kv": 0}
-        return {"type": "reuse", "attempted": zero, "accepted": zero, "refused": {}, "updates": self.updates}
 
 
 class TranscriptionConnection:
@@ -121,18 +86,21 @@ class TranscriptionConnection:
         self.pending = 0  # samples fed since the last update
         self.resampler = Resampler(self.rate)
         self.stream = self._new_stream()
+        self.reuse_counted: dict | None = None  # the stream's reuse counts already added to /metrics
         self.gone = asyncio.Event()  # the client disconnected
 
     def _new_stream(self) -> StreamingSession:
+        """A stream whose provenance names this session; its updates run on the server's scheduler (in
+        this process without one). A multilingual model given no language detects it once."""
         app = self.ws.app
-        scheduler = getattr(app.state, "scheduler", None)
+        model, scheduler = app.state.model, getattr(app.state, "scheduler", None)
+        language = self.language or ("en" if not model.is_multilingual else None)
         if scheduler is not None:
-            decoder: Any = SchedulerDecoder(scheduler, self.language, self.id)
+            decoder: Any = SchedulerDecoder(scheduler, model, language, self.id)
         else:
             from whisperkv.stream.local_decoder import LocalDecoder
 
-            model = app.state.model
-            decoder = LocalDecoder(model, self.language or ("en" if not model.is_multilingual else None))
+            decoder = LocalDecoder(model, language, request_id=self.id)
         return StreamingSession(decoder, vad=SpeechDetector() if self.server_vad else None)
 
     def description(self) -> dict:
@@ -282,7 +250,7 @@ class TranscriptionConnection:
             rebuild = rebuild or update.server_vad != self.server_vad
             self.server_vad = update.server_vad
         if rebuild:  # a new stream: committed text so far stays committed (and was sent)
-            self.stream = self._new_stream()
+            self.stream, self.reuse_counted = self._new_stream(), None
 
     def checked_language(self, language: str | None) -> str | None:
         from whisperkv.tokenizer import LANGUAGES
@@ -298,6 +266,15 @@ class TranscriptionConnection:
     def new_item(self) -> str:
         self.item_has_text = False
         return f"item_{self.id[5:13]}_{next(self.items)}"
+
+    def count_reuse(self) -> dict:
+        """The session's reuse counts so far (for its ``.completed`` event); ``/metrics`` adds what is new."""
+        summary = self.stream.reuse_summary()
+        metrics = getattr(self.ws.app.state, "metrics", None)
+        if metrics is not None:
+            metrics.count_stream_reuse(self.reuse_counted, summary)
+        self.reuse_counted = summary
+        return summary
 
     def now_ms(self) -> int:
         return int(self.stream.received * 1000 / SAMPLE_RATE)
@@ -338,6 +315,7 @@ class TranscriptionConnection:
                     item_id=self.item_id,
                     content_index=0,
                     transcript=event.text,
+                    reuse=self.count_reuse(),
                 )
                 self.previous_item_id, self.item_id = self.item_id, None
 

@@ -49,6 +49,9 @@ class LocalAgreement:
         self.previous: list[Word] = []  # the last hypothesis minus what was committed
         self.settled = 0  # leading words of the last hypothesis that are committed
         self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
+        #: the buffer holds no committed word's audio (set by the session: a new utterance whose speech
+        #: starts after the last one's ended, nothing committed or cut since)
+        self.fresh = False
 
     @property
     def last_end(self) -> float:
@@ -71,6 +74,8 @@ class LocalAgreement:
             return 0
         carried = len(self.committed) - self.first_in_buffer
         last = self.last_end
+        if carried == 0 and self.fresh:  # nothing committed is heard again: "word" at the start of the
+            return 0  # utterance after "... word. Word." is a new word (mfa_words lost two so)
 
         def plausible(k: int) -> bool:  # the first word left as new does not start inside committed audio
             return k >= len(hypothesis) or hypothesis[k].start > last - COUNT_SLACK
@@ -89,7 +94,12 @@ class LocalAgreement:
             key = (min(n, 2), -abs(j - (by_time - 1)))
             if n and (best is None or key > best[0]):
                 best = (key, j)
-        return best[1] + 1 if best is not None else by_time
+        if best is not None:
+            return best[1] + 1
+        # by time alone only where the buffer holds committed words: with none carried, a word that the
+        # heads date a little before the committed end but that does not repeat it is new ("for" after
+        # a committed "do" whose end was dated 0.15 s late was once skipped, and lost)
+        return by_time if carried > 0 else 0
 
     def _tail_match(self, hypothesis: list[Word], j: int) -> int:
         """How many committed words, from the last back, ``hypothesis[: j + 1]`` ends with."""
@@ -116,9 +126,12 @@ class LocalAgreement:
         self.settled = skip + agreed
         return commit
 
-    def flush(self, hypothesis: list[Word] | None = None) -> list[Word]:
-        """Commit everything not yet committed: of ``hypothesis`` when given, else of the last one."""
+    def flush(self, hypothesis: list[Word] | None = None, before: float | None = None) -> list[Word]:
+        """Commit everything not yet committed: of ``hypothesis`` when given, else of the last one; only
+        the words that end before ``before`` when given (the rest is heard again)."""
         rest = self.unseen(hypothesis) if hypothesis is not None else self.previous
+        if before is not None:
+            rest = [w for w in rest if w.end < before]
         self.previous = []
         self.settled = 0
         return self._extend(rest)

@@ -26,7 +26,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--model", default="tiny.en", help="model name or path")
     p.add_argument(
-        "--language", type=language, default=None, help="language code (needed with a multilingual model)"
+        "--language",
+        type=language,
+        default=None,
+        help="language code (a multilingual model given none detects it once, on the first update)",
     )
     p.add_argument("--chunk", type=positive_number, default=1.0, help="seconds of new audio between updates")
     p.add_argument("--realtime", action="store_true", help="pace by the wall clock")

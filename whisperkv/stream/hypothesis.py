@@ -8,7 +8,8 @@ Words come from the alignment heads (``whisperkv.timing``), times relative to th
 A segment's end is a timestamp token, a word's end comes from the alignment heads: the two disagree by
 tenths of a second (a segment "for you" ending at 7.30 s whose "you" ends at 7.60 s). So a hypothesis
 also says how many words each complete segment closes (``boundaries``): a buffer is cut between words,
-never inside one.
+never inside one. A decode that closes no segment (no timestamp after its first) still has sentence
+ends to cut at (``sentence_boundaries``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ class Hypothesis:
                 cut = min(cut, self.words[count].start)
             cuts.append((count, cut))
         return cuts
+
+    def sentence_boundaries(self) -> list[tuple[int, float]]:
+        """(words before the cut, the cut's time) after each word that ends a sentence, before the last
+        word: where a decode closed no segment (it ended without a timestamp), the buffer can still be
+        cut (whisper_streaming's "sentence" trimming), between the two words, never into the next."""
+        return [
+            (i + 1, min(w.end, self.words[i + 1].start))
+            for i, w in enumerate(self.words[:-1])
+            if w.text.rstrip().endswith((".", "?", "!"))
+        ]
 
     @property
     def text(self) -> str:

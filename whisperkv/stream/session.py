@@ -37,6 +37,8 @@ PROMPT_CHARS = 200
 HISTORY_S = 1.0
 #: seconds of audio one decode sees (Whisper's window)
 WINDOW = 30
+#: a word ending this close to the end of the audio decoded may be cut off there (still being said)
+WORD_AT_END_S = 0.2
 
 
 class UpdateDecoder(Protocol):
@@ -67,6 +69,7 @@ class StreamingSession:
         self.in_speech = vad is None
         self.buffer_start = 0
         self.decoded: tuple[int, int] | None = None  # (buffer start, end) the last decode saw
+        self.closed_at = 0  # where the last utterance ended (its end as the VAD padded it)
         self.utterance: list[Word] = []
 
     @property
@@ -86,6 +89,8 @@ class StreamingSession:
                     self.in_speech = True
                     self.buffer_start = max(boundary.sample, self.audio_start)
                     self.agreement.first_in_buffer = len(self.agreement.committed)
+                    # the VAD pads both ends: speech that starts after the last utterance's unpadded end
+                    self.agreement.fresh = boundary.sample >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
                     events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
                 else:
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
@@ -159,7 +164,11 @@ class StreamingSession:
         end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
         audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
         self.decoded = (self.buffer_start, end)
-        hypothesis = self.decoder.decode(audio, self.buffer_start, self._prompt())
+        prompt = self._prompt()
+        hypothesis = self.decoder.decode(audio, self.buffer_start, prompt)
+        if hypothesis.repetitive and prompt:  # a prompt that ends "Word. Word. Word." can start a loop:
+            hypothesis = self.decoder.decode(audio, self.buffer_start, "")  # heard without it (transcribe
+            # also stops conditioning on previous text after a window it had to decode hot)
         return hypothesis.shifted(self.buffer_start / SAMPLE_RATE)
 
     def _prompt(self) -> str:
@@ -171,6 +180,7 @@ class StreamingSession:
         if sample <= self.buffer_start:
             return
         self.buffer_start = sample
+        self.agreement.fresh = False
         committed, first = len(self.agreement.committed), self.agreement.first_in_buffer
         self.agreement.first_in_buffer = min(committed, max(first, committed - max(carried, 0)))
         self.decoded = None
@@ -178,6 +188,7 @@ class StreamingSession:
     def _commit(self, words: list[Word]) -> list[Event]:
         if not words:
             return []
+        self.agreement.fresh = False
         self.utterance.extend(words)
         return [Event.of_words("commit", words, self.now)]
 
@@ -197,10 +208,13 @@ class StreamingSession:
         )
         events[-1].words = self.utterance
         self.utterance = []
-        self.buffer_start = max(end, self.buffer_start)
+        self.buffer_start = self.closed_at = max(end, self.buffer_start)
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.decoded = None
         self.in_speech = self.vad is None
+        release = getattr(self.decoder, "release", None)
+        if release is not None:  # the buffer moved past what the decoder holds: no later update reuses it
+            release()
         return events
 
     def _catch_up(self, end: int) -> list[Event]:
@@ -222,18 +236,24 @@ class StreamingSession:
         return events
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
-        """Cut the buffer at the last committed segment end once it is long; never past 30 s."""
+        """Cut the buffer at the last committed segment end (or sentence end) once it is long; never past
+        30 s."""
         events: list[Event] = []
         length = (self.received - self.buffer_start) / SAMPLE_RATE
         start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
         if length > self.trim_after:
             cuts = [c for c in hypothesis.word_boundaries() if c[0] <= settled and c[1] > start]
+            # no segment closed: a decode that ran on without timestamps once heard "And that should be
+            # all. Thanks." then skipped the next sentence in every update until the buffer was cut past it
+            cuts = cuts or [c for c in hypothesis.sentence_boundaries() if c[0] <= settled and c[1] > start]
             if cuts:
                 count, cut = cuts[-1]
                 self._cut(int(cut * SAMPLE_RATE), carried=settled - count)
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
             if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
-                events += self._commit(self.agreement.flush())
+                heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
+                # but a word that reaches the buffer's end may still be being said: heard again next time
+                events += self._commit(self.agreement.flush(before=heard - WORD_AT_END_S))
             cut = min([self.agreement.last_end] + [w.start for w in self.agreement.previous[:1]])
             if self.agreement.committed and cut > self.buffer_start / SAMPLE_RATE:
                 self._cut(int(cut * SAMPLE_RATE))  # at the committed end, never into a pending word

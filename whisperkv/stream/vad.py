@@ -64,6 +64,7 @@ class SpeechDetector:
         )
         self.pending = np.zeros(0, dtype=np.float32)
         self.in_speech = False
+        self.pad = speech_pad_ms * SAMPLE_RATE // 1000  # samples a start is dated back, an end forward
 
     def process(self, samples: np.ndarray) -> list[SpeechBoundary]:
         """Boundaries found in the frames these samples complete, in order."""
