@@ -13,6 +13,7 @@ import torch
 from tests.conftest import torch_threads
 from whisperkv.cpu import build
 from whisperkv.cpu.attend import AttendKernel, load_kernel
+from whisperkv.cpu.dot_attention import DotEncoderAttention
 from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.plan import use_attention_kernels
@@ -191,8 +192,12 @@ def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     if int8_model.encoder_dtype == torch.bfloat16 and not cpu_has_amx_bf16():  # head by head
         assert isinstance(encoder_attention, HeadByHeadAttention)
     elif "encoder int8 rows" in int8_model.weights_digest and cpu_has_bfloat16_products():
-        # int8 linears (VNNI, no AMX): the attention between them head by head in bfloat16
-        assert isinstance(encoder_attention, HeadByHeadAttention) and encoder_attention.from_float32
+        # int8 linears (VNNI, no AMX): the attention between them in bfloat16, through AVX512-BF16's dot
+        # product where the library has it, else head by head
+        if DotEncoderAttention.available(kernel.library):
+            assert isinstance(encoder_attention, DotEncoderAttention)
+        else:
+            assert isinstance(encoder_attention, HeadByHeadAttention) and encoder_attention.from_float32
     elif int8_model.encoder_dtype == torch.bfloat16 and TiledEncoderAttention.available(kernel.library):
         assert isinstance(encoder_attention, TiledEncoderAttention)
     else:
@@ -232,7 +237,8 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     linears = ", linears kernel, final norm kernel" if built else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
     names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
-    names += ("head-by-head bfloat16, linears rows kernel, convolutions bfloat16",)  # VNNI, no AMX
+    for attention in ("head-by-head bfloat16", "dot kernel"):  # VNNI, no AMX
+        names += (f"{attention}, linears rows kernel, convolutions bfloat16",)
     assert any(own.endswith(f"{decoder}{name})") for name in names), own
     assert int8_model.decoder.kv_dtype == torch.bfloat16
     try:
