@@ -132,7 +132,7 @@ def child(args: argparse.Namespace) -> int:
     import whisperkv
 
     audio, _ = inputs(args.seconds)[args.child_input]
-    model = whisperkv.load_model(args.model)
+    model = whisperkv.load_model(args.model, compute_type=args.compute_type)
     if args.child == "offline":
         t0 = time.perf_counter()
         run = {"text": model.transcribe(audio)["text"], "compute": time.perf_counter() - t0}
@@ -145,7 +145,7 @@ def child(args: argparse.Namespace) -> int:
 
 def in_own_process(args: argparse.Namespace, kind: str, name: str) -> dict:
     argv = [sys.executable, __file__, "--child", kind, "--child_input", name, "--model", args.model]
-    argv += ["--chunk", str(args.chunk)]
+    argv += ["--chunk", str(args.chunk), "--compute_type", args.compute_type]
     if args.seconds:
         argv += ["--seconds", str(args.seconds)]
     if args.simulate_compute is not None:
@@ -243,6 +243,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--chunk", type=float, default=1.0)
+    p.add_argument("--compute_type", default="default", help="the model's (int8, bfloat16: approximations)")
     p.add_argument("--seconds", type=float, default=None, help="only the first SECONDS of each file")
     p.add_argument("--files", default=None, help="comma-separated names (default: every input)")
     p.add_argument(
@@ -264,7 +265,8 @@ def main() -> int:
     print(machine(), flush=True)
     clock = "measured compute" if args.simulate_compute is None else f"{args.simulate_compute:g} s per update"
     ref = "offline transcribe() (cut files)" if args.seconds else "the manifest's references"
-    print(f"{args.model}, {args.chunk:g} s chunks, clock: {clock}; WER against {ref}", flush=True)
+    kind = "" if args.compute_type == "default" else f" {args.compute_type}"
+    print(f"{args.model}{kind}, {args.chunk:g} s chunks, clock: {clock}; WER against {ref}", flush=True)
     files = inputs(args.seconds)
     wanted = args.files.split(",") if args.files else list(files)
     rows, latencies = [], []

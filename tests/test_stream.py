@@ -106,6 +106,22 @@ def test_file_stream_plain_text_matches_the_speech(speech_dir, monkeypatch, caps
     assert wer(JFK_TEXT, " ".join(lines)) <= 0.15
 
 
+def test_int8_stream_commits_the_speech_and_a_bad_compute_type_is_refused(jfk, monkeypatch, capsys):
+    """``--compute_type int8`` (faster updates) streams the int8 model; an unknown type is exit 2."""
+    data = pcm_bytes(jfk)
+    code, lines, err = run_cli(
+        ["stream", "-", "--compute_type", "int8", "--simulate_compute", "0.3", "--no_vad"],
+        monkeypatch,
+        capsys,
+        data,
+    )
+    assert code == 0 and wer(JFK_TEXT, " ".join(lines)) <= 0.15, (lines, err)
+    with pytest.raises(SystemExit) as refused:  # argparse's exit, before anything loads
+        run_cli(["stream", "-", "--compute_type", "int4"], monkeypatch, capsys, data)
+    out, err = capsys.readouterr()
+    assert refused.value.code == 2 and out == "" and "--compute_type" in err and "'int4'" in err
+
+
 def test_odd_byte_count_on_stdin_is_one_error_line_and_the_rest_is_transcribed(jfk, monkeypatch, capsys):
     data = pcm_bytes(jfk[: 4 * 16000]) + b"\x01"
     code, lines, err = run_cli(["stream", "-", "--simulate_compute", "0.5"], monkeypatch, capsys, data)

@@ -26,6 +26,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--model", default="tiny.en", help="model name or path")
     p.add_argument(
+        "--compute_type",
+        default="default",
+        choices=["default", "float32", "int8", "bfloat16"],
+        help="int8 or bfloat16: faster updates, approximations (default: float32 on CPU)",
+    )
+    p.add_argument(
         "--language",
         type=language,
         default=None,
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise OptionError("audio", NO_INPUT)
     clock = RealtimeClock() if args.realtime else SimulatedClock(args.simulate_compute)
     source = PCMPipe(sys.stdin.buffer) if args.audio == "-" else FileSamples(args.audio)
-    model = load_model(args.model)
+    model = load_model(args.model, compute_type=args.compute_type)
     decoder = LocalDecoder(model, args.language or ("en" if not model.is_multilingual else None))
     session = StreamingSession(decoder, vad=None if args.no_vad else SpeechDetector())
     for event in run_stream(source, session, clock, args.chunk):
