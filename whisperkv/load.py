@@ -25,10 +25,14 @@ COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16", "int8")
 def model_from_checkpoint(
     ckpt: Checkpoint,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = torch.float32,
     vocab_layout: str | None = None,
+    consume: bool = False,
 ) -> Whisper:
     """A model holding the checkpoint's tensors (not copies, where device and dtype allow).
+
+    ``consume``: the checkpoint's state dict is emptied once the model holds its tensors, so that no
+    tensor the model replaces (fusing query|key|value, quantising) is kept alive by the checkpoint.
 
     ``vocab_layout``: how the tied vocabulary table is stored (``cpu/vocab.py``); None: the default for
     a float32 CPU model, ``"measure"`` the fastest on this machine.
@@ -41,12 +45,14 @@ def model_from_checkpoint(
     with torch.device("meta"):  # no throwaway random init: the loaded tensors become the parameters
         model = Whisper(ckpt.dims)
     model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
+    if consume:
+        ckpt.state_dict.clear()
     model.alignment_heads = ckpt.alignment_heads
     model.tokenizer_path = ckpt.tokenizer_path
     model.name = ckpt.extra.get("name", "")
     model.source = ckpt.source
     model.requires_grad_(False)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()  # dtype None: each tensor as stored
     model.fuse_qkv()
     if vocab_layout is not None:
         apply_layout(model.decoder, vocab_layout)
@@ -93,15 +99,15 @@ def load_model(
         layout = vocab_layout
         if vocab_layout == "measure":  # before the weights: one peak, not two
             layout, _ = choose_layout(*_vocab_shape(name_or_path))
-    model = model_from_checkpoint(
-        load_checkpoint(name_or_path), device=device, dtype=dtype, vocab_layout=layout
-    )
     if compute_type == "int8":
-        quantize_int8(model)  # the int8 type's own step plan (use_attention_kernels) included
-    elif bfloat16:
-        convert_bfloat16(model)  # as for int8: its own step plan included
-    elif cpu and dtype == torch.float32:
-        use_attention_kernels(model)  # the CPU backend's step plan, its kernels where a compiler builds them
+        model = _int8_model(name_or_path, device)  # its own step plan (use_attention_kernels) included
+    else:
+        ckpt = load_checkpoint(name_or_path)
+        model = model_from_checkpoint(ckpt, device=device, dtype=dtype, vocab_layout=layout)
+        if bfloat16:
+            convert_bfloat16(model)  # as for int8: its own step plan included
+        elif cpu and dtype == torch.float32:
+            use_attention_kernels(model)  # the CPU backend's plan, its kernels where a compiler builds them
     if cpu:
         # a window's freed activations stay for the next (``heap.py``); set after loading, so that
         # the loader's transient copies go back to the system (set before: +38 MB peak RSS, int8), and
@@ -110,6 +116,16 @@ def load_model(
         give_back_free_memory()
         keep_freed_blocks()
     return model
+
+
+def _int8_model(name_or_path: str, device: str | torch.device) -> Whisper:
+    """The int8 type, loaded without the whole float32 model: a float16 checkpoint's tensors stay float16
+    until ``quantize_int8`` widens and quantises them a block at a time, so the load's peak holds the
+    float16 weights and one block in float32 (large-v3-turbo: 4,440 MB before). The same weights, digest
+    and tokens as quantising the loaded float32 model (``tests/test_int8_load.py``)."""
+    ckpt = load_checkpoint(name_or_path, widen=False)
+    model = model_from_checkpoint(ckpt, device=device, dtype=None, consume=True)  # each tensor freed as
+    return quantize_int8(model)  # its block is quantised
 
 
 def _dtype(compute_type: str, dtype: torch.dtype | str | None, device: str | torch.device) -> torch.dtype:

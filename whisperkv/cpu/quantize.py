@@ -35,8 +35,9 @@ from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
+from whisperkv.heap import give_back_free_memory
 from whisperkv.model.attention import MultiHeadAttention
-from whisperkv.model.whisper import Whisper
+from whisperkv.model.whisper import Whisper, state_digest
 
 #: the int8 type's encoders (``encoder_choice``)
 ENCODERS = ("bfloat16", "int8 rows", "int8")
@@ -48,6 +49,20 @@ def _bfloat16_linear(linear: nn.Linear) -> nn.Linear:
     linear.__class__ = nn.Linear
     linear.__dict__.pop("widths", None)
     return linear.to(torch.bfloat16)
+
+
+def _widen(module: nn.Module) -> None:
+    """Every float16 parameter and buffer below ``module`` as float32 (exactly), in place; bfloat16 ones
+    (already converted) untouched. A float16 model becomes the int8 type a block at a time this way, so
+    its load never holds every float32 weight at once (``load.py``)."""
+    for sub in module.modules():
+        for name, tensor in list(sub.named_parameters(recurse=False)):
+            if tensor.dtype == torch.float16:
+                setattr(sub, name, nn.Parameter(tensor.detach().float(), requires_grad=False))
+        for name, tensor in list(sub.named_buffers(recurse=False)):
+            if tensor.dtype == torch.float16:
+                persistent = name not in sub._non_persistent_buffers_set
+                sub.register_buffer(name, tensor.float(), persistent=persistent)
 
 
 def cpu_has_fast_bfloat16() -> bool:
@@ -107,8 +122,9 @@ def quantize_int8(
     """
     if model.compute_type == "int8":
         raise ValueError("this model is already of the int8 compute type")
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        raise ValueError("int8 quantisation needs a float32 model on the CPU")
+    stored = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
+    if model.device.type != "cpu" or not stored <= {torch.float32, torch.float16}:
+        raise ValueError("int8 quantisation needs a float32 model (or its float16 tensors) on the CPU")
     kernel = load_rows_kernel() if rows_kernel else None
     if encoder is None and encoder_bfloat16 is not None:
         encoder = "bfloat16" if encoder_bfloat16 else "int8"
@@ -117,13 +133,20 @@ def quantize_int8(
         raise ValueError(f"unknown or unavailable int8 encoder {encoder!r}: bfloat16, int8 rows or int8")
     # of the float32 weights, before they are replaced (without a float32 plan's attention: a model
     # loaded as float32 and quantised here would otherwise lose this part of the name to it)
-    base_digest = model.weights_digest.split(ATTENTION_MARK)[0]
+    base_digest = (
+        state_digest(model.state_dict(), as_float32=True)
+        if torch.float16 in stored
+        else model.weights_digest.split(ATTENTION_MARK)[0]
+    )
     # the encoder and the blocks first: their float32 tensors are gone before the vocabulary table's
     # int8 copies are made, so the load's peak holds fewer float32 and int8 copies at once
     if encoder == "bfloat16":
         model.encoder.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
     else:
-        _replace_linears(model.encoder.blocks, kernel if encoder == "int8 rows" else None)
+        for block in model.encoder.blocks:  # float16 tensors widened a block at a time: one float32 block
+            _widen(block)
+            _replace_linears(block, kernel if encoder == "int8 rows" else None)
+            give_back_free_memory()  # the block's float16 and float32 copies, not left in the heap's middle
     # the Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
     # window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
     # anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
@@ -135,7 +158,11 @@ def quantize_int8(
             for block in model.decoder.blocks
             for linear in (block.cross_attn.key, block.cross_attn.value)
         )
-    _replace_linears(model.decoder.blocks, kernel, keep)
+    for block in model.decoder.blocks:
+        _widen(block)
+        _replace_linears(block, kernel, keep)
+        give_back_free_memory()
+    _widen(model.decoder.token_embedding)
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
@@ -143,5 +170,6 @@ def quantize_int8(
     decoder += ", cross-KV projection bfloat16" if keep else ""
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
     model.compute_type = "int8"
+    _widen(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
     use_attention_kernels(model, attention_kernel)
     return model

@@ -72,11 +72,7 @@ class Whisper(nn.Module):
     @cached_property
     def weights_digest(self) -> str:
         """Digest of every weight tensor, computed once: the root of all cache provenance."""
-        h = hashlib.blake2b(digest_size=12)
-        for name, tensor in sorted(self.state_dict().items()):
-            h.update(name.encode())
-            h.update(tensor_digest(tensor).encode())
-        return h.hexdigest()
+        return state_digest(self.state_dict())
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -137,3 +133,15 @@ class Whisper(nn.Module):
     def forward(self, mel: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``model(mel, tokens)`` as in openai-whisper: encode the windows, then :meth:`logits`."""
         return self.logits(tokens, self.embed_audio(mel))
+
+
+def state_digest(state: dict[str, torch.Tensor], as_float32: bool = False) -> str:
+    """Digest of a state dict (``Whisper.weights_digest``). ``as_float32``: each float16 tensor hashed as
+    its exact float32 widening, one at a time: a model held in float16 while it is quantised block by
+    block (``cpu/quantize.py``) gets the digest of the float32 model it stands for."""
+    h = hashlib.blake2b(digest_size=12)
+    for name, tensor in sorted(state.items()):
+        h.update(name.encode())
+        widened = as_float32 and tensor.dtype == torch.float16
+        h.update(tensor_digest(tensor.float() if widened else tensor).encode())
+    return h.hexdigest()

@@ -16,7 +16,9 @@ from whisperkv.model.dims import ModelDims
 from whisperkv.weights.checkpoint import Checkpoint
 
 
-def load_openai_pt(path: str | Path) -> Checkpoint:
+def load_openai_pt(path: str | Path, widen: bool = True) -> Checkpoint:
+    """The checkpoint, its tensors widened to float32 (``widen`` False: as stored, for a load that widens
+    them a block at a time, ``cpu/quantize.py``)."""
     path = Path(path)
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -28,7 +30,7 @@ def load_openai_pt(path: str | Path) -> Checkpoint:
         )
     stored_sd = data["model_state_dict"]
     stored = str(next(iter(stored_sd.values())).dtype).replace("torch.", "")
-    sd = _widened(stored_sd)
+    sd = _widened(stored_sd) if widen else stored_sd
     heads = data.get("alignment_heads")
     return Checkpoint(
         dims=ModelDims(**data["dims"]),

@@ -62,8 +62,11 @@ def _load_base() -> Checkpoint:
     return load_ctranslate2(parts[0], parts=[parts[0] / "model.bin.part1", parts[1] / "model.bin.part2"])
 
 
-def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
-    """Resolve a model name or path and read its weights in whatever format they are stored."""
+def load_checkpoint(name_or_path: str | Path, widen: bool = True) -> Checkpoint:
+    """Resolve a model name or path and read its weights in whatever format they are stored.
+
+    ``widen`` False leaves an OpenAI ``.pt``'s float16 tensors float16 (the other formats are widened
+    as they are read, a tensor at a time, either way)."""
     key = str(name_or_path)
     if key == "tiny.en":
         d = _tiny_en_dir()
@@ -75,7 +78,7 @@ def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
     else:
         path = Path(name_or_path).expanduser()
         if path.is_file() and path.suffix in (".pt", ".pth", ".bin"):
-            ckpt = load_openai_pt(path)
+            ckpt = load_openai_pt(path, widen)
         elif is_ctranslate2_dir(path):
             ckpt = load_ctranslate2(path)
         elif is_huggingface_dir(path):

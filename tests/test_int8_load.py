@@ -1,0 +1,78 @@
+"""The int8 type loads without the whole float32 model (issue 46's peak RSS), and is the same model.
+
+``load_model(compute_type="int8")`` keeps a float16 checkpoint's tensors float16 and lets
+``quantize_int8`` widen and quantise them a block at a time. Its twin is what the load did before:
+every tensor widened to float32, the float32 model built, then quantised. They must agree exactly:
+every tensor of the state dict, the weights digest every cache's provenance starts from, and the tokens.
+Checked on tiny.en as its CTranslate2 directory (widened as read) and as a float16 OpenAI ``.pt`` (the
+lazy path), and for each of the int8 type's encoders (the CPU picks one; the others are asked for).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import whisperkv
+from whisperkv.audio import load_audio
+from whisperkv.cpu.quantize import quantize_int8
+from whisperkv.cpu.vocab import DEFAULT_LAYOUT
+from whisperkv.load import model_from_checkpoint
+from whisperkv.weights import load_checkpoint
+from whisperkv.weights.openai_pt import save_openai_pt
+
+
+@pytest.fixture(scope="module")
+def float16_pt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("int8_load") / "tiny_en_float16.pt"
+    save_openai_pt(load_checkpoint("tiny.en"), path, dtype=torch.float16)
+    return path
+
+
+def widened_then_quantised(source, **options) -> whisperkv.Whisper:
+    """The twin: the float32 model first (as ``load_model`` built it for float32), then quantised."""
+    model = model_from_checkpoint(load_checkpoint(source), vocab_layout=DEFAULT_LAYOUT)
+    return quantize_int8(model, **options)
+
+
+def assert_same_model(got, want) -> None:
+    assert got.weights_digest == want.weights_digest
+    got_state, want_state = got.state_dict(), want.state_dict()
+    assert list(got_state) == list(want_state)
+    for name, tensor in want_state.items():
+        assert got_state[name].dtype == tensor.dtype, name
+        assert torch.equal(got_state[name], tensor), name
+
+
+@pytest.mark.parametrize("source", ["tiny.en", "float16 .pt"])
+def test_int8_load_is_the_quantised_float32_model(source, float16_pt, speech_dir):
+    jfk = load_audio(speech_dir / "en" / "jfk.flac")
+    path = float16_pt if source == "float16 .pt" else source
+    loaded = whisperkv.load_model(str(path), compute_type="int8")
+    twin = widened_then_quantised(path)
+    assert_same_model(loaded, twin)
+    got, want = (m.transcribe(jfk, temperature=0.0) for m in (loaded, twin))
+    assert [s["tokens"] for s in got["segments"]] == [s["tokens"] for s in want["segments"]]
+
+
+def test_the_float16_checkpoint_is_kept_until_its_block_is_quantised(float16_pt):
+    ckpt = load_checkpoint(float16_pt, widen=False)
+    assert {t.dtype for t in ckpt.state_dict.values()} == {torch.float16}
+    widened = load_checkpoint(float16_pt)
+    assert {t.dtype for t in widened.state_dict.values()} == {torch.float32}
+    model = model_from_checkpoint(ckpt, dtype=None)
+    assert model.dtype == torch.float16 and model.encoder.blocks[0].mlp[0].weight.dtype == torch.float16
+
+
+@pytest.mark.parametrize("encoder", ["bfloat16", "int8"])
+def test_every_int8_encoder_gives_the_same_model_from_float16(encoder, float16_pt):
+    """The encoders this CPU does not pick (AMX machines take bfloat16, others fbgemm's int8)."""
+    held = model_from_checkpoint(load_checkpoint(float16_pt, widen=False), dtype=None)
+    twin = widened_then_quantised(float16_pt, encoder=encoder)
+    assert_same_model(quantize_int8(held, encoder=encoder), twin)
+
+
+def test_a_model_of_another_dtype_is_refused():
+    model = model_from_checkpoint(load_checkpoint("tiny.en"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float32 model"):
+        quantize_int8(model)
