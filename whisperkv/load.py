@@ -102,8 +102,8 @@ def load_model(
     if compute_type == "int8":
         model = _int8_model(name_or_path, device)  # its own step plan (use_attention_kernels) included
     else:
-        ckpt = load_checkpoint(name_or_path)
-        model = model_from_checkpoint(ckpt, device=device, dtype=dtype, vocab_layout=layout)
+        ckpt = load_checkpoint(name_or_path)  # consumed: no tensor the model replaces is kept by it
+        model = model_from_checkpoint(ckpt, device=device, dtype=dtype, vocab_layout=layout, consume=True)
         if bfloat16:
             convert_bfloat16(model)  # as for int8: its own step plan included
         elif cpu and dtype == torch.float32:
