@@ -18,6 +18,7 @@ from types import EllipsisType
 from whisperkv.bpe import PRETOKENIZE, Vocabulary, open_vocabulary
 from whisperkv.errors import ModelLoadError, TokenizerOptionError
 from whisperkv.languages import LANGUAGES, TO_LANGUAGE_CODE, normalize_language
+from whisperkv.non_speech import non_speech_token_ids
 from whisperkv.word_split import split_on_characters, split_on_spaces
 
 __all__ = ["LANGUAGES", "TO_LANGUAGE_CODE", "Tokenizer", "TokenizerOptionError", "get_tokenizer"]
@@ -32,16 +33,6 @@ _GPT2_EOT = 50256
 
 # Languages written without spaces between words: word boundaries fall on character boundaries.
 _UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
-
-# Symbols the reference suppresses by default so that the decoder does not invent speaker tags,
-# sound-effect annotations or music notes that were not spoken.
-_NON_SPEECH_SYMBOLS = [
-    *'"#()*+/:;<=>@[\\]^_`{|}~「」『』',
-    *"<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split(),
-]
-# Musical symbols (U+2640..U+267F block). Tokenizers may split them into several byte tokens; the first
-# token is then shared by the whole block, so suppressing it is safe.
-_MUSICAL_SYMBOLS = "♩♪♫♬♭♮♯"
 
 
 def _format_timestamp(step: int) -> str:
@@ -322,19 +313,8 @@ class Tokenizer:
 
     @cached_property
     def non_speech_tokens(self) -> tuple[int, ...]:
-        """Sorted ids that would start a speaker tag, sound annotation or music note, e.g. "[MUSIC]".
-
-        The rule is the reference's, so default decoding suppresses the very same ids: for each symbol,
-        both with and without a leading space, take its encoding if that is a single token; for the
-        musical symbols take the first token even if split. Plain punctuation (, . ? !) stays allowed,
-        and so do "-" and "'" inside words, but not " -" or " '" opening one.
-        """
-        result = {self.encode(" -")[0], self.encode(" '")[0]}
-        for symbol in [*_NON_SPEECH_SYMBOLS, *_MUSICAL_SYMBOLS]:
-            for ids in (self.encode(symbol), self.encode(" " + symbol)):
-                if len(ids) == 1 or symbol in _MUSICAL_SYMBOLS:
-                    result.add(ids[0])
-        return tuple(sorted(result))
+        """Sorted ids that would start a speaker tag, sound annotation or music note (``non_speech.py``)."""
+        return non_speech_token_ids(self.encode)
 
     def default_suppress_tokens(self) -> tuple[int, ...]:
         """Ids never sampled under the reference default ``suppress_tokens="-1"``.
