@@ -200,31 +200,8 @@ def print_goals(table: dict, results: dict, refs: dict, model: str = "tiny.en") 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="short clip, greedy only")
-    p.add_argument("--engines", default=",".join(ENGINES), help="comma list of: " + ", ".join(ENGINES))
-    p.add_argument(
-        "--before",
-        default=None,
-        help="an older checkout (e.g. a git worktree): each whisperkv engine also runs from it, "
-        f"as ENGINE{BEFORE}, interleaved with the rest, and the ratios print after / before",
-    )
-    p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
-    p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
-    p.add_argument("--utterance_seconds", type=float, default=180.0)
-    p.add_argument(
-        "--budget_s",
-        type=float,
-        default=float("inf"),
-        help="start no new (audio, mode) round after this many seconds; print what was measured",
-    )
-    args = p.parse_args()
-
-    from whisperkv.metrics import word_errors
-
+    """Every engine on every (audio, mode), each in its own process, then the tables, goals and ratios."""
+    args = parse_args()
     print(describe(args.threads))
     print("(the machine may be shared with other work: read the ratios, measured side by side)\n", flush=True)
     audio_names = (args.audio or ("short" if args.quick else "short,long,utterances")).split(",")
@@ -260,6 +237,43 @@ def main() -> int:
     for spec, name in names.items():
         print(f"  {spec:<36} {name}")
     print()
+    print_table(results, table, refs, durations)
+    print_agreement(results)
+    print_goals(table, results, refs, args.model)
+    print_ratios(table)
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
+    """The benchmark's options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="short clip, greedy only")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma list of: " + ", ".join(ENGINES))
+    p.add_argument(
+        "--before",
+        default=None,
+        help="an older checkout (e.g. a git worktree): each whisperkv engine also runs from it, "
+        f"as ENGINE{BEFORE}, interleaved with the rest, and the ratios print after / before",
+    )
+    p.add_argument("--audio", default=None, help="comma list of short,long,utterances (default: all)")
+    p.add_argument("--modes", default=None, help="comma list of greedy,beam5 (default: both)")
+    p.add_argument("--utterance_seconds", type=float, default=180.0)
+    p.add_argument(
+        "--budget_s",
+        type=float,
+        default=float("inf"),
+        help="start no new (audio, mode) round after this many seconds; print what was measured",
+    )
+    return p.parse_args()
+
+
+def print_table(results: dict, table: dict, refs: dict, durations: dict) -> None:
+    """One row per (engine, audio, mode): the median time, RSS, word errors and per-token figures."""
+    from whisperkv.metrics import word_errors
+
     header = (
         f"{'engine':<36}{'audio':<11}{'mode':<7}{'median s':>9}{'RTF':>7}{'RSS MB':>8}{'WER':>7}"
         f"{'err/words':>11}{'tokens':>8}{'ms/tok':>8}{'win/min':>8}{'dec ms/step':>12}"
@@ -282,13 +296,22 @@ def main() -> int:
             f"{rss:>8.0f}{errors / max(words, 1):>7.1%}{f'{errors}/{words}':>11}"
             f"{tokens if tokens else '-':>8}{per_token}{per_minute}{step}"
         )
+
+
+def print_agreement(results: dict) -> None:
+    """Word edits between each engine's transcript and whisperkv float32's on the same audio and mode."""
+    from whisperkv.metrics import word_errors
+
     print("\nagreement with whisperkv float32 (word edits between the transcripts / words):")
     for (spec, audio_name, mode), runs in results.items():
         base = results.get(("whisperkv-fp32", audio_name, mode))
         if spec != "whisperkv-fp32" and base:
             errors, words = word_errors(base[-1][1]["text"], runs[-1][1]["text"])
             print(f"  {spec:<36} {audio_name:<10} {mode:<6} {errors}/{words} words differ")
-    print_goals(table, results, refs, args.model)
+
+
+def print_ratios(table: dict) -> None:
+    """whisperkv's median over each peer's on the same (audio, mode), and this checkout over --before's."""
     print("\nratios (whisperkv time / peer time; < 1 means whisperkv is faster):")
     for (spec, audio_name, mode), t in table.items():
         if not spec.startswith("whisperkv"):
@@ -301,7 +324,6 @@ def main() -> int:
         plain = (spec.removesuffix(BEFORE), audio_name, mode)
         if spec.endswith(BEFORE) and plain in table:
             print(f"  {plain[0]:<24} / {spec:<28} {audio_name:<10} {mode:<6} {table[plain] / t:6.2f}")
-    return 0
 
 
 def run_engines(args, paths: dict, audios: dict, audio_names: list, modes: list) -> dict:

@@ -83,7 +83,8 @@ def _bandwidth_gb_s(mb: int = 400, repeats: int = 9) -> float:
     return mb / 1e3 / statistics.median(times)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The profile's options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--compute_type", default="default")
@@ -91,12 +92,17 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--position", type=int, default=40, help="tokens already in the Self-KV")
     p.add_argument("--sdpa", action="store_true", help="PyTorch's SDPA everywhere, not the attention kernel")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> int:
+    """Set a decoder up as in jfk's decode, time each part of one step and the encoder, print the table."""
+    args = parse_args()
     torch.set_num_threads(args.threads)
 
     import whisperkv
     from whisperkv.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
-    from whisperkv.cpu.vocab import LAYOUTS, apply_layout, choose_layout, current_layout
+    from whisperkv.cpu.vocab import choose_layout, current_layout
 
     print(describe(args.threads))
     model = whisperkv.load_model(args.model, compute_type=args.compute_type)
@@ -119,78 +125,18 @@ def main() -> int:
         decoder(torch.full((1, args.position), 50257), cache)  # a Self-KV holding `position` tokens
         held = cache.offset
         token = torch.tensor([[440]])
-
-        def reset() -> None:
-            for kv in cache.self_kv:
-                kv.length = held
-
-        def step() -> None:
-            reset()
-            decoder(token, cache)
-
         beams = decoder.new_cache(cross, batch_size=5)  # a beam-5 window, as the engine steps it
         decoder(torch.full((5, args.position), 50257), beams)
-        beam_tokens = torch.full((5, 1), 440)
-
-        def engine_step(rows_cache=cache, tokens=token) -> None:
-            for kv in rows_cache.self_kv:
-                kv.length = held
-            decoder.forward_rows([(tokens, rows_cache)])
-
+        engine_step = _engine_step(decoder, held, cache, token)
         x = decoder._embed(token, held)
-        parts: dict[str, float] = {}
-        parts["whole step (TextDecoder.forward)"] = median_ms(step, args.repeats)
-        parts["whole step, engine (forward_rows), 1 row"] = median_ms(engine_step, args.repeats)
-        parts["whole step, engine, 5 beam rows"] = median_ms(
-            lambda: engine_step(beams, beam_tokens), args.repeats
+        parts = _whole_steps(
+            model, decoder, cache, held, token, (beams, torch.full((5, 1), 440)), args.repeats
         )
-        if decoder.blocks[0].block_step is not None:  # its twin, the kernels called one by one
-            from whisperkv.cpu.block_step import use_block_step
-
-            use_block_step(decoder, on=False)
-            parts["whole step, engine, 1 row, call by call"] = median_ms(engine_step, args.repeats)
-            parts["whole step, engine, 5 beam rows, call by call"] = median_ms(
-                lambda: engine_step(beams, beam_tokens), args.repeats
-            )
-            use_block_step(decoder)
-        if decoder.blocks[0].step_rows is not None:  # its twin: float32's row GEMMs (before round 11),
-            from whisperkv.cpu.plan import use_attention_kernels  # int8's PyTorch (round 14)
-
-            twin = "PyTorch glue" if model.compute_type == "int8" else "row GEMMs"
-            use_attention_kernels(model, rows=False)
-            parts[f"whole step, engine, 1 row, {twin}"] = median_ms(engine_step, args.repeats)
-            parts[f"whole step, engine, 5 beam rows, {twin}"] = median_ms(
-                lambda: engine_step(beams, beam_tokens), args.repeats
-            )
-            use_attention_kernels(model)
         parts["embedding"] = median_ms(lambda: decoder._embed(token, held), args.repeats)
-        for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
-
-            def self_attention(block=block, self_kv=self_kv) -> torch.Tensor:
-                self_kv.length = held
-                q, k, v = block.attn.project_qkv(block.attn_ln(x))
-                self_kv.append(k, v)
-                return x + block.attn.attend(q, self_kv.key, self_kv.value, causal_offset=held)
-
-            def cross_attention(block=block, kv=kv) -> torch.Tensor:
-                return x + block.cross_attn(block.cross_attn_ln(x), kv.key, kv.value)
-
-            parts[f"layer {i} self-attention"] = median_ms(self_attention, args.repeats)
-            parts[f"layer {i} cross-attention"] = median_ms(cross_attention, args.repeats)
-            parts[f"layer {i} MLP"] = median_ms(
-                lambda block=block: x + block.mlp(block.mlp_ln(x)), args.repeats
-            )
-        reset()
-        parts[f"vocabulary projection ({chosen}, in use)"] = median_ms(
-            lambda: decoder._logits(x), args.repeats
-        )
-        if model.compute_type != "int8":
-            for layout in LAYOUTS:
-                apply_layout(decoder, layout)
-                parts[f"vocabulary projection as {layout}"] = median_ms(
-                    lambda: decoder._logits(x), args.repeats
-                )
-            apply_layout(decoder, chosen)
+        parts.update(_layer_parts(decoder, cache, x, held, args.repeats))
+        for kv in cache.self_kv:
+            kv.length = held
+        parts.update(_vocabulary_parts(model, x, chosen, args.repeats))
         encoder_ms = median_ms(lambda: model.embed_audio(mel[None]), max(3, args.repeats // 3), inner=1)
         encoder_twins = _encoder_against_its_twins(model, mel, max(3, args.repeats // 3))
         if encoder_twins is not None:
@@ -215,8 +161,96 @@ def main() -> int:
         print(f"{'  the same, linears by PyTorch (round 18)':<48}{encoder_twins['linears']:>10.1f}")
         print(f"{'  the same, SDPA and PyTorch (the tiles twin)':<48}{encoder_twins['sdpa']:>10.1f}")
     if model.compute_type == "int8":  # packed int8 weights are not parameters: no byte count here
-        _int8_step_shares(engine_step, args.repeats)
+        _int8_step_shares(decoder, engine_step, args.repeats)
         return 0
+    _print_bytes_bound(decoder, cross, table_bytes)
+    return 0
+
+
+def _engine_step(decoder, held: int, cache, token: torch.Tensor):  # noqa: ANN001, ANN202
+    """One step as the engine runs it (``forward_rows``), its Self-KV cut back to ``held`` first."""
+
+    def engine_step(rows_cache=cache, tokens=token) -> None:  # noqa: ANN001
+        for kv in rows_cache.self_kv:
+            kv.length = held
+        decoder.forward_rows([(tokens, rows_cache)])
+
+    return engine_step
+
+
+def _whole_steps(model, decoder, cache, held: int, token, beam_rows, repeats: int) -> dict[str, float]:  # noqa: ANN001
+    """The whole step as ``TextDecoder.forward`` and as the engine run it, and beside each fast path its
+    twin (the kernels called one by one; the row GEMMs or PyTorch glue)."""
+    beams, beam_tokens = beam_rows
+    engine_step = _engine_step(decoder, held, cache, token)
+
+    def step() -> None:
+        for kv in cache.self_kv:
+            kv.length = held
+        decoder(token, cache)
+
+    parts: dict[str, float] = {}
+    parts["whole step (TextDecoder.forward)"] = median_ms(step, repeats)
+    parts["whole step, engine (forward_rows), 1 row"] = median_ms(engine_step, repeats)
+    parts["whole step, engine, 5 beam rows"] = median_ms(lambda: engine_step(beams, beam_tokens), repeats)
+    if decoder.blocks[0].block_step is not None:  # its twin, the kernels called one by one
+        from whisperkv.cpu.block_step import use_block_step
+
+        use_block_step(decoder, on=False)
+        parts["whole step, engine, 1 row, call by call"] = median_ms(engine_step, repeats)
+        parts["whole step, engine, 5 beam rows, call by call"] = median_ms(
+            lambda: engine_step(beams, beam_tokens), repeats
+        )
+        use_block_step(decoder)
+    if decoder.blocks[0].step_rows is not None:  # its twin: float32's row GEMMs (before round 11),
+        from whisperkv.cpu.plan import use_attention_kernels  # int8's PyTorch (round 14)
+
+        twin = "PyTorch glue" if model.compute_type == "int8" else "row GEMMs"
+        use_attention_kernels(model, rows=False)
+        parts[f"whole step, engine, 1 row, {twin}"] = median_ms(engine_step, repeats)
+        parts[f"whole step, engine, 5 beam rows, {twin}"] = median_ms(
+            lambda: engine_step(beams, beam_tokens), repeats
+        )
+        use_attention_kernels(model)
+    return parts
+
+
+def _layer_parts(decoder, cache, x: torch.Tensor, held: int, repeats: int) -> dict[str, float]:  # noqa: ANN001
+    """Each layer's self-attention, cross-attention and MLP timed alone on the step's input."""
+    parts: dict[str, float] = {}
+    for i, (block, self_kv, kv) in enumerate(zip(decoder.blocks, cache.self_kv, cache.cross_kv)):
+
+        def self_attention(block=block, self_kv=self_kv) -> torch.Tensor:  # noqa: ANN001
+            self_kv.length = held
+            q, k, v = block.attn.project_qkv(block.attn_ln(x))
+            self_kv.append(k, v)
+            return x + block.attn.attend(q, self_kv.key, self_kv.value, causal_offset=held)
+
+        def cross_attention(block=block, kv=kv) -> torch.Tensor:  # noqa: ANN001
+            return x + block.cross_attn(block.cross_attn_ln(x), kv.key, kv.value)
+
+        parts[f"layer {i} self-attention"] = median_ms(self_attention, repeats)
+        parts[f"layer {i} cross-attention"] = median_ms(cross_attention, repeats)
+        parts[f"layer {i} MLP"] = median_ms(lambda block=block: x + block.mlp(block.mlp_ln(x)), repeats)
+    return parts
+
+
+def _vocabulary_parts(model, x: torch.Tensor, chosen: str, repeats: int) -> dict[str, float]:  # noqa: ANN001
+    """The vocabulary projection in the layout in use and (not int8) in every layout ``cpu/vocab.py`` has."""
+    from whisperkv.cpu.vocab import LAYOUTS, apply_layout
+
+    decoder = model.decoder
+    parts = {f"vocabulary projection ({chosen}, in use)": median_ms(lambda: decoder._logits(x), repeats)}
+    if model.compute_type != "int8":
+        for layout in LAYOUTS:
+            apply_layout(decoder, layout)
+            parts[f"vocabulary projection as {layout}"] = median_ms(lambda: decoder._logits(x), repeats)
+        apply_layout(decoder, chosen)
+    return parts
+
+
+def _print_bytes_bound(decoder, cross, table_bytes: int) -> None:  # noqa: ANN001
+    """The bytes one greedy step reads and the floor that memory bandwidth puts under its time."""
     # every block parameter as held (float16 where exact), but the cross-attention key/value projections:
     # they make a window's Cross-KV once, and a step reads the Cross-KV instead
     projected_once = {
@@ -242,20 +276,29 @@ def main() -> int:
             f"(the step's bytes fit in this CPU's {cache_mb:.0f} MB last-level cache: read from there, a "
             "step can take less than that)"
         )
-    return 0
 
 
-def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
+def _int8_step_shares(decoder, engine_step, repeats: int) -> None:  # noqa: ANN001
     """Of the int8 type's engine step (1 row), the time inside its C calls (each timed around it: the
-    blocks' one-call steps, the int8 rows kernel of the vocabulary and of any linear called alone, the
-    attention kernel called alone), and the rest: PyTorch and Python between them, which the block
-    step in C (round 15, ``cpu/int8_step.py``) took away. Medians over the steps."""
+    one-call decoder step where it runs, else the blocks' one-call steps, the int8 rows kernel of the
+    vocabulary and of any linear called alone, the attention kernel called alone), and the rest: PyTorch
+    and Python between them, which the block step in C (round 15, ``cpu/int8_step.py``) and the one-call
+    decoder step took away. Medians over the steps."""
     from whisperkv.cpu.attend import AttendKernel
     from whisperkv.cpu.block_step import BlockStep
     from whisperkv.cpu.int8_rows import Int8RowsKernel
 
-    spent = {"block step kernel": 0.0, "int8 rows kernel": 0.0, "attention kernel": 0.0}
-    products, attend, block = Int8RowsKernel._run, AttendKernel.__call__, BlockStep.__call__
+    spent = {"one-call decoder step": 0.0, "block step kernel": 0.0, "int8 rows kernel": 0.0}
+    spent["attention kernel"] = 0.0
+    whole_step = getattr(decoder, "decoder_step", None)
+    targets = [
+        (Int8RowsKernel, "_run", "int8 rows kernel"),
+        (AttendKernel, "__call__", "attention kernel"),
+        (BlockStep, "__call__", "block step kernel"),
+    ]
+    if whole_step is not None:
+        targets.append((type(whole_step), "logits", "one-call decoder step"))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
 
     def timed(fn, key: str):  # noqa: ANN001, ANN202
         def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -268,9 +311,8 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
         return call
 
     rows: dict[str, list[float]] = {"whole": [], **{key: [] for key in spent}}
-    Int8RowsKernel._run = timed(products, "int8 rows kernel")
-    AttendKernel.__call__ = timed(attend, "attention kernel")
-    BlockStep.__call__ = timed(block, "block step kernel")
+    for (owner, name, key), (_, _, fn) in zip(targets, originals):
+        setattr(owner, name, timed(fn, key))
     try:
         with torch.no_grad():  # as the engine steps
             for n in range(10 + max(repeats, 50)):  # the first 10 warm up
@@ -283,7 +325,8 @@ def _int8_step_shares(engine_step, repeats: int) -> None:  # noqa: ANN001
                     for key, seconds in spent.items():
                         rows[key].append(seconds)
     finally:
-        Int8RowsKernel._run, AttendKernel.__call__, BlockStep.__call__ = products, attend, block
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
     rest = [w - sum(rows[key][n] for key in spent) for n, w in enumerate(rows["whole"])]
     print(f"\n{'the engine step (1 row), timed around its C calls':<48}{'median ms':>10}")
     for key in spent:
