@@ -4,8 +4,10 @@
 ``quantize_int8`` widen and quantise them a block at a time. Its twin is what the load did before:
 every tensor widened to float32, the float32 model built, then quantised. They must agree exactly:
 every tensor of the state dict, the weights digest every cache's provenance starts from, and the tokens.
-Checked on tiny.en as its CTranslate2 directory (widened as read) and as a float16 OpenAI ``.pt`` (the
-lazy path), and for each of the int8 type's encoders (the CPU picks one; the others are asked for).
+Checked on tiny.en as its CTranslate2 directory (float16 variables, kept float16 as read) and as a
+float16 OpenAI ``.pt``, and for each of the int8 type's encoders (the CPU picks one; the others are
+asked for). The int8 linears' packed weights, scales and row sums are not in the state dict: they are
+compared as well.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 import whisperkv
 from whisperkv.audio import load_audio
+from whisperkv.cpu.int8_linear import Int8Linear
 from whisperkv.cpu.quantize import quantize_int8
 from whisperkv.cpu.vocab import DEFAULT_LAYOUT
 from whisperkv.load import model_from_checkpoint
@@ -42,6 +45,20 @@ def assert_same_model(got, want) -> None:
     for name, tensor in want_state.items():
         assert got_state[name].dtype == tensor.dtype, name
         assert torch.equal(got_state[name], tensor), name
+    got_linears = {name: m for name, m in got.named_modules() if isinstance(m, Int8Linear)}
+    want_linears = {name: m for name, m in want.named_modules() if isinstance(m, Int8Linear)}
+    assert list(got_linears) == list(want_linears) and got_linears
+    for name, linear in want_linears.items():
+        for field, value in vars(linear).items():  # the kernel's rows, or fbgemm's packed parameters
+            other = vars(got_linears[name])[field]
+            if isinstance(value, torch.Tensor):
+                assert other.dtype == value.dtype and torch.equal(other, value), (name, field)
+            elif field == "_packed":  # fbgemm's: compared unpacked
+                (w, b), (w2, b2) = (torch.ops.quantized.linear_unpack(p) for p in (value, other))
+                assert torch.equal(w.int_repr(), w2.int_repr()) and torch.equal(
+                    w.q_per_channel_scales(), w2.q_per_channel_scales()
+                )
+                assert (b is None) == (b2 is None) and (b is None or torch.equal(b, b2)), name
 
 
 @pytest.mark.parametrize("source", ["tiny.en", "float16 .pt"])

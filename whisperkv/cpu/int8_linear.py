@@ -10,7 +10,7 @@ from torch import nn
 
 from whisperkv.cpu.flags import cpu_has_vnni
 from whisperkv.cpu.int8_rows import Int8RowsKernel
-from whisperkv.cpu.row_int8 import quantize_rows, row_scales
+from whisperkv.cpu.row_int8 import quantize_rows, row_scales, row_sums
 
 
 class Int8Linear(nn.Module):
@@ -26,18 +26,21 @@ class Int8Linear(nn.Module):
         self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Int8RowsKernel | None = None
     ) -> None:
         super().__init__()
-        weight = weight.detach().float()
+        # float16 rows are widened a block at a time by ``row_scales`` / ``quantize_rows`` (exactly, as
+        # a float32 copy would be): no float32 copy of a whole vocabulary table while loading
+        weight = weight.detach() if weight.dtype == torch.float16 else weight.detach().float()
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
         scales = row_scales(weight)
         self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
         if self.kernel is not None:
             qweight = quantize_rows(weight, scales)
-            self._row_sums = qweight.sum(dim=1, dtype=torch.int32)
+            self._row_sums = row_sums(qweight)
             self._scales = scales
             self._bias = None if bias is None else bias.detach().float().contiguous()
             self._packed = self.kernel.pack(qweight)
             return
+        weight = weight.float()
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantised tensor types announce their future move

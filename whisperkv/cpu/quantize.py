@@ -162,7 +162,7 @@ def quantize_int8(
         _widen(block)
         _replace_linears(block, kernel, keep)
         give_back_free_memory()
-    _widen(model.decoder.token_embedding)
+    # the table as stored (float16 or float32): both int8 copies widen its rows a block at a time
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers

@@ -142,6 +142,5 @@ def state_digest(state: dict[str, torch.Tensor], as_float32: bool = False) -> st
     h = hashlib.blake2b(digest_size=12)
     for name, tensor in sorted(state.items()):
         h.update(name.encode())
-        widened = as_float32 and tensor.dtype == torch.float16
-        h.update(tensor_digest(tensor.float() if widened else tensor).encode())
+        h.update(tensor_digest(tensor, widen_float16=as_float32).encode())
     return h.hexdigest()

