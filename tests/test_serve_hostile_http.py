@@ -159,8 +159,8 @@ def _stop_after(count: int) -> Callable[[], bool]:
 
 def test_a_trickling_body_is_a_408_by_the_deadline_and_the_connection_closes(base):
     with _raw(base) as sock:
+        started = time.monotonic()  # before the server can see the request: its deadline starts later
         sock.sendall(_upload_head(10_000) + f"--{BOUNDARY}\r\n".encode())
-        started = time.monotonic()
         answer = b""
         _trickle(sock, every_s=0.2, stop=_stop_after(40))  # for longer than the deadline
         answer = _read_all(sock, 8)
