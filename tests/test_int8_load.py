@@ -12,6 +12,8 @@ compared as well.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,6 +38,12 @@ def widened_then_quantised(source, **options) -> whisperkv.Whisper:
     """The twin: the float32 model first (as ``load_model`` built it for float32), then quantised."""
     model = model_from_checkpoint(load_checkpoint(source), vocab_layout=DEFAULT_LAYOUT)
     return quantize_int8(model, **options)
+
+
+def mapped_from(path: Path) -> list[str]:
+    """The lines of /proc/self/maps that map ``path`` into this process."""
+    target = str(Path(path).resolve())
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(" " + target)]
 
 
 def assert_same_model(got, want) -> None:
@@ -66,6 +74,8 @@ def test_int8_load_is_the_quantised_float32_model(source, float16_pt, speech_dir
     jfk = load_audio(speech_dir / "en" / "jfk.flac")
     path = float16_pt if source == "float16 .pt" else source
     loaded = whisperkv.load_model(str(path), compute_type="int8")
+    if source == "float16 .pt":  # read through a map, and no tensor the model keeps is a view of it:
+        assert not mapped_from(path)  # once the load returns, the file is no longer mapped at all
     twin = widened_then_quantised(path)
     assert_same_model(loaded, twin)
     got, want = (m.transcribe(jfk, temperature=0.0) for m in (loaded, twin))
@@ -75,6 +85,8 @@ def test_int8_load_is_the_quantised_float32_model(source, float16_pt, speech_dir
 def test_the_float16_checkpoint_is_kept_until_its_block_is_quantised(float16_pt):
     ckpt = load_checkpoint(float16_pt, widen=False)
     assert {t.dtype for t in ckpt.state_dict.values()} == {torch.float16}
+    pages = ckpt.extra["mapped"]  # memory-mapped: the int8 load hands the pages back as it converts
+    assert all(pages.start <= t.data_ptr() < pages.end for t in ckpt.state_dict.values())
     widened = load_checkpoint(float16_pt)
     assert {t.dtype for t in widened.state_dict.values()} == {torch.float32}
     model = model_from_checkpoint(ckpt, dtype=None)

@@ -207,6 +207,7 @@ def test_a_float16_pt_is_widened_one_tensor_at_a_time(tmp_path):
     from whisperkv.model.dims import ModelDims
     from whisperkv.model.random_weights import random_checkpoint, write_random_model
     from whisperkv.weights import openai_pt
+    from whisperkv.weights.mapped import MappedPages
 
     dims = ModelDims(80, 1500, 64, 2, 1, 51864, 448, 64, 2, 1)
     path = write_random_model(dims, tmp_path, seed=3)
@@ -214,12 +215,20 @@ def test_a_float16_pt_is_widened_one_tensor_at_a_time(tmp_path):
     names = list(stored)
     assert all(t.dtype == torch.float16 for t in stored.values() if t.is_floating_point())
     want = {name: tensor.float() for name, tensor in stored.items()}
-    widened = openai_pt._widened(stored)
+    widened = openai_pt._widened(stored, None)
     assert stored == {}  # every stored tensor handed over: nothing keeps the float16 copies alive
     assert list(widened) == names
     assert all(
         torch.equal(widened[name], want[name]) and widened[name].dtype == torch.float32 for name in names
     )
+    # memory-mapped (how load_openai_pt reads a zip-format file): the same values, each one a copy
+    # outside the map, so no tensor of the model is a view of the file once its pages are handed back
+    mapped = torch.load(path, weights_only=True, mmap=True)["model_state_dict"]
+    pages = MappedPages.of(mapped.values())
+    assert pages is not None and pages.end - pages.start >= sum(t.nbytes for t in want.values()) // 2
+    from_map = openai_pt._widened(mapped, pages)
+    assert all(torch.equal(from_map[name], want[name]) for name in names)
+    assert not any(pages.start <= t.untyped_storage().data_ptr() < pages.end for t in from_map.values())
     loaded = openai_pt.load_openai_pt(path)
     assert loaded.stored_dtype == "float16"
     assert torch.equal(

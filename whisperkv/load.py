@@ -121,11 +121,17 @@ def load_model(
 def _int8_model(name_or_path: str, device: str | torch.device) -> Whisper:
     """The int8 type, loaded without the whole float32 model: a float16 checkpoint's tensors stay float16
     until ``quantize_int8`` widens and quantises them a block at a time, so the load's peak holds the
-    float16 weights and one block in float32 (large-v3-turbo: 4,440 MB before). The same weights, digest
-    and tokens as quantising the loaded float32 model (``tests/test_int8_load.py``)."""
+    float16 weights and one block in float32 (large-v3-turbo: 4,440 MB before); a zip-format ``.pt`` is
+    memory-mapped and its pages handed back as they are converted, so not even the float16 weights are
+    held whole. The same weights, digest and tokens as quantising the loaded float32 model
+    (``tests/test_int8_load.py``)."""
     ckpt = load_checkpoint(name_or_path, widen=False)
-    model = model_from_checkpoint(ckpt, device=device, dtype=None, consume=True)  # each tensor freed as
-    return quantize_int8(model)  # its block is quantised
+    pages = ckpt.extra.get("mapped")  # a memory-mapped .pt (``weights/mapped.py``)
+    # consumed: each stored tensor is freed as its block is quantised
+    model = model_from_checkpoint(ckpt, device=device, dtype=None, consume=True)
+    if pages is not None:
+        pages.drop()  # what fusing query|key|value read (it copied them)
+    return quantize_int8(model, release=None if pages is None else pages.drop)
 
 
 def _dtype(compute_type: str, dtype: torch.dtype | str | None, device: str | torch.device) -> torch.dtype:

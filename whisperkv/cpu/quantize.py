@@ -27,6 +27,7 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -109,6 +110,7 @@ def quantize_int8(
     attention_kernel: bool = True,
     rows_kernel: bool = True,
     encoder: str | None = None,
+    release: Callable[[torch.Tensor | None], None] | None = None,
 ) -> Whisper:
     """Turn a float32 CPU model into the int8 compute type, in place, and mark its provenance.
 
@@ -119,6 +121,8 @@ def quantize_int8(
     ``rows_kernel``: the decoder's linears and vocabulary projection through the C kernel
     (``cpu/int8_rows.py``) where it builds, else fbgemm. Chosen here, once: the weights are stored
     for one or the other.
+    ``release``: called with each stored tensor once it has been read whole, and with None once a block
+    has been converted (a memory-mapped checkpoint's pages handed back, ``weights/mapped.py``).
     """
     if model.compute_type == "int8":
         raise ValueError("this model is already of the int8 compute type")
@@ -131,28 +135,49 @@ def quantize_int8(
     encoder = encoder or encoder_choice(kernel)
     if encoder not in ENCODERS or (encoder == "int8 rows" and kernel is None):
         raise ValueError(f"unknown or unavailable int8 encoder {encoder!r}: bfloat16, int8 rows or int8")
+    released = functools.partial(_converted, release)
     # of the float32 weights, before they are replaced (without a float32 plan's attention: a model
     # loaded as float32 and quantised here would otherwise lose this part of the name to it)
     base_digest = (
-        state_digest(model.state_dict(), as_float32=True)
+        state_digest(model.state_dict(), as_float32=True, after_each=release)
         if torch.float16 in stored
         else model.weights_digest.split(ATTENTION_MARK)[0]
     )
     # the encoder and the blocks first: their float32 tensors are gone before the vocabulary table's
     # int8 copies are made, so the load's peak holds fewer float32 and int8 copies at once
-    if encoder == "bfloat16":
-        model.encoder.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
-    else:
-        for block in model.encoder.blocks:  # float16 tensors widened a block at a time: one float32 block
+    for block in model.encoder.blocks:  # float16 tensors converted a block at a time: one float32 block
+        if encoder == "bfloat16":
+            block.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
+        else:
             _widen(block)
             _replace_linears(block, kernel if encoder == "int8 rows" else None)
-            give_back_free_memory()  # the block's float16 and float32 copies, not left in the heap's middle
-    # the Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
-    # window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
-    # anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
-    # per-row quantised, through the rows kernel made for a step's few rows, on an AMX CPU).
-    keep: tuple[nn.Module, ...] = ()
+        released()  # the block's float16 and float32 copies, not left in the heap's middle
     if encoder == "bfloat16":
+        model.encoder.to(torch.bfloat16)  # the convolutions, positions and final LayerNorm
+    keep = _quantize_decoder(model, kernel, encoder == "bfloat16", released)
+    # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
+    decoder = ", decoder rows kernel" if kernel is not None else ""
+    decoder += ", cross-KV projection bfloat16" if keep else ""
+    model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
+    model.compute_type = "int8"
+    _widen(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
+    released()
+    use_attention_kernels(model, attention_kernel)
+    return model
+
+
+def _quantize_decoder(
+    model: Whisper, kernel: Int8RowsKernel | None, bfloat16_cross: bool, released: Callable[[], None]
+) -> tuple[nn.Module, ...]:
+    """The decoder's blocks a block at a time, then the vocabulary table's two int8 copies; returns the
+    Cross-KV projections kept in bfloat16.
+
+    The Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
+    window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
+    anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
+    per-row quantised, through the rows kernel made for a step's few rows, on an AMX CPU)."""
+    keep: tuple[nn.Module, ...] = ()
+    if bfloat16_cross:
         keep = tuple(
             _bfloat16_linear(linear)
             for block in model.decoder.blocks
@@ -161,15 +186,17 @@ def quantize_int8(
     for block in model.decoder.blocks:
         _widen(block)
         _replace_linears(block, kernel, keep)
-        give_back_free_memory()
+        released()
     # the table as stored (float16 or float32): both int8 copies widen its rows a block at a time
     model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
-    # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
-    decoder = ", decoder rows kernel" if kernel is not None else ""
-    decoder += ", cross-KV projection bfloat16" if keep else ""
-    model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
-    model.compute_type = "int8"
-    _widen(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
-    use_attention_kernels(model, attention_kernel)
-    return model
+    released()
+    return keep
+
+
+def _converted(release: Callable[[torch.Tensor | None], None] | None) -> None:
+    """After a part is converted: the heap's free middle back to the kernel, and a mapped checkpoint's
+    pages (``release``)."""
+    give_back_free_memory()
+    if release is not None:
+        release(None)

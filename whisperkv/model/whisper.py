@@ -9,6 +9,7 @@ package's front (``whisperkv/__init__.py``): the network never imports the decod
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,12 +136,19 @@ class Whisper(nn.Module):
         return self.logits(tokens, self.embed_audio(mel))
 
 
-def state_digest(state: dict[str, torch.Tensor], as_float32: bool = False) -> str:
+def state_digest(
+    state: dict[str, torch.Tensor],
+    as_float32: bool = False,
+    after_each: Callable[[torch.Tensor], None] | None = None,
+) -> str:
     """Digest of a state dict (``Whisper.weights_digest``). ``as_float32``: each float16 tensor hashed as
     its exact float32 widening, one at a time: a model held in float16 while it is quantised block by
-    block (``cpu/quantize.py``) gets the digest of the float32 model it stands for."""
+    block (``cpu/quantize.py``) gets the digest of the float32 model it stands for. ``after_each`` is
+    called with each tensor once hashed (a memory-mapped checkpoint hands its pages back)."""
     h = hashlib.blake2b(digest_size=12)
     for name, tensor in sorted(state.items()):
         h.update(name.encode())
         h.update(tensor_digest(tensor, widen_float16=as_float32).encode())
+        if after_each is not None:
+            after_each(tensor)
     return h.hexdigest()

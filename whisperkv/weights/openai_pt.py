@@ -14,23 +14,27 @@ import torch
 from whisperkv.errors import ModelLoadError
 from whisperkv.model.dims import ModelDims
 from whisperkv.weights.checkpoint import Checkpoint
+from whisperkv.weights.mapped import MappedPages
 
 
 def load_openai_pt(path: str | Path, widen: bool = True) -> Checkpoint:
     """The checkpoint, its tensors widened to float32 (``widen`` False: as stored, for a load that widens
-    them a block at a time, ``cpu/quantize.py``)."""
+    them a block at a time, ``cpu/quantize.py``).
+
+    The file is memory-mapped where its format allows (``weights/mapped.py``): widened, each tensor's
+    pages are handed back at once; kept (``widen`` False), its float16 tensors stay views of the file
+    and ``extra["mapped"]`` says where, for the loader to hand their pages back as it converts them;
+    any other tensor is copied out of the map now, so no tensor a model keeps is a view of the file."""
     path = Path(path)
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
-        raise ModelLoadError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from exc
+    data, mapped = _read(path)
     if not isinstance(data, dict) or "dims" not in data or "model_state_dict" not in data:
         raise ModelLoadError(
             f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')"
         )
     stored_sd = data["model_state_dict"]
     stored = str(next(iter(stored_sd.values())).dtype).replace("torch.", "")
-    sd = _widened(stored_sd) if widen else stored_sd
+    pages = MappedPages.of(stored_sd.values()) if mapped else None
+    sd = _widened(stored_sd, pages) if widen else _kept_float16(stored_sd, pages)
     heads = data.get("alignment_heads")
     return Checkpoint(
         dims=ModelDims(**data["dims"]),
@@ -40,19 +44,56 @@ def load_openai_pt(path: str | Path, widen: bool = True) -> Checkpoint:
         source=str(path),
         format="openai-pt",
         stored_dtype=stored,
+        extra={"mapped": pages} if pages is not None and not widen else {},
     )
 
 
-def _widened(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _read(path: Path) -> tuple[object, bool]:
+    """``torch.load`` of the file, memory-mapped where it is a zip-format file (every ``torch.save`` since
+    PyTorch 1.6); the legacy format is read whole. Returns the data and whether it is mapped."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True), True
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+        if not (isinstance(exc, RuntimeError) and "mmap can only be used" in str(exc)):
+            raise _unreadable(path, exc) from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), False
+    except Exception as exc:  # noqa: BLE001
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: Exception) -> ModelLoadError:
+    return ModelLoadError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})")
+
+
+def _widened(stored: dict[str, torch.Tensor], pages: MappedPages | None) -> dict[str, torch.Tensor]:
     """Every tensor as float32, each stored (float16) one dropped as soon as it is widened: the load's
     peak holds the float32 weights and one stored tensor, not all of both (``torch.load`` gives every
-    tensor a storage of its own; large-v3-turbo: 3.2 GB of float32 beside 1.6 GB of float16 before)."""
+    tensor a storage of its own; large-v3-turbo: 3.2 GB of float32 beside 1.6 GB of float16 before).
+    From a map, every tensor is a copy (a float32 one too) and its pages are handed back."""
     sd = {}
     for name in list(stored):
         tensor = stored.pop(name)
-        sd[name] = tensor.float() if tensor.is_floating_point() else tensor
+        if tensor.is_floating_point():
+            sd[name] = tensor.to(torch.float32, copy=pages is not None)
+        else:
+            sd[name] = tensor.clone() if pages is not None else tensor
+        if pages is not None:
+            pages.drop(tensor)
         del tensor
     return sd
+
+
+def _kept_float16(stored: dict[str, torch.Tensor], pages: MappedPages | None) -> dict[str, torch.Tensor]:
+    """The tensors as stored; from a map, float16 ones stay views of it (the int8 load converts each and
+    hands its pages back) and any other is copied out now, its pages handed back."""
+    if pages is None:
+        return stored
+    for name, tensor in stored.items():
+        if tensor.dtype != torch.float16:
+            stored[name] = tensor.clone()
+            pages.drop(tensor)
+    return stored
 
 
 def save_openai_pt(checkpoint: Checkpoint, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
