@@ -1,4 +1,5 @@
-"""The int8 type loads without the whole float32 model (issue 46's peak RSS), and is the same model.
+"""The int8 and bfloat16 types load without the whole float32 model (issue 46's peak RSS), and are the
+same models.
 
 ``load_model(compute_type="int8")`` keeps a float16 checkpoint's tensors float16 and lets
 ``quantize_int8`` widen and quantise them a block at a time. Its twin is what the load did before:
@@ -6,8 +7,8 @@ every tensor widened to float32, the float32 model built, then quantised. They m
 every tensor of the state dict, the weights digest every cache's provenance starts from, and the tokens.
 Checked on tiny.en as its CTranslate2 directory (float16 variables, kept float16 as read) and as a
 float16 OpenAI ``.pt``, and for each of the int8 type's encoders (the CPU picks one; the others are
-asked for). The int8 linears' packed weights, scales and row sums are not in the state dict: they are
-compared as well.
+asked for); the bfloat16 type from the same two sources. The linears' packed weights, scales and row
+sums are not in the state dict: they are compared as well.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 import whisperkv
 from whisperkv.audio import load_audio
+from whisperkv.cpu.bf16_linear import Bfloat16Linear
+from whisperkv.cpu.bfloat16 import convert_bfloat16
 from whisperkv.cpu.int8_linear import Int8Linear
 from whisperkv.cpu.quantize import quantize_int8
 from whisperkv.cpu.vocab import DEFAULT_LAYOUT
@@ -53,15 +56,16 @@ def assert_same_model(got, want) -> None:
     for name, tensor in want_state.items():
         assert got_state[name].dtype == tensor.dtype, name
         assert torch.equal(got_state[name], tensor), name
-    got_linears = {name: m for name, m in got.named_modules() if isinstance(m, Int8Linear)}
-    want_linears = {name: m for name, m in want.named_modules() if isinstance(m, Int8Linear)}
+    kinds = (Int8Linear, Bfloat16Linear)
+    got_linears = {name: m for name, m in got.named_modules() if isinstance(m, kinds)}
+    want_linears = {name: m for name, m in want.named_modules() if isinstance(m, kinds)}
     assert list(got_linears) == list(want_linears) and got_linears
     for name, linear in want_linears.items():
         for field, value in vars(linear).items():  # the kernel's rows, or fbgemm's packed parameters
             other = vars(got_linears[name])[field]
             if isinstance(value, torch.Tensor):
                 assert other.dtype == value.dtype and torch.equal(other, value), (name, field)
-            elif field == "_packed":  # fbgemm's: compared unpacked
+            elif field == "_packed" and value is not None:  # fbgemm's: compared unpacked
                 (w, b), (w2, b2) = (torch.ops.quantized.linear_unpack(p) for p in (value, other))
                 assert torch.equal(w.int_repr(), w2.int_repr()) and torch.equal(
                     w.q_per_channel_scales(), w2.q_per_channel_scales()
@@ -77,6 +81,22 @@ def test_int8_load_is_the_quantised_float32_model(source, float16_pt, speech_dir
     if source == "float16 .pt":  # read through a map, and no tensor the model keeps is a view of it:
         assert not mapped_from(path)  # once the load returns, the file is no longer mapped at all
     twin = widened_then_quantised(path)
+    assert_same_model(loaded, twin)
+    got, want = (m.transcribe(jfk, temperature=0.0) for m in (loaded, twin))
+    assert [s["tokens"] for s in got["segments"]] == [s["tokens"] for s in want["segments"]]
+
+
+@pytest.mark.parametrize("source", ["tiny.en", "float16 .pt"])
+def test_bfloat16_load_is_the_converted_float32_model(source, float16_pt, speech_dir):
+    """The bfloat16 type is made the same way, a block at a time from the stored float16 tensors (float16
+    rounds to bfloat16 as its float32 widening does): the model converted from the float32 one."""
+    jfk = load_audio(speech_dir / "en" / "jfk.flac")
+    path = float16_pt if source == "float16 .pt" else source
+    loaded = whisperkv.load_model(str(path), compute_type="bfloat16")
+    if source == "float16 .pt":
+        assert not mapped_from(path)
+    twin = convert_bfloat16(model_from_checkpoint(load_checkpoint(path), vocab_layout=DEFAULT_LAYOUT))
+    assert loaded.compute_type == twin.compute_type == "bfloat16"
     assert_same_model(loaded, twin)
     got, want = (m.transcribe(jfk, temperature=0.0) for m in (loaded, twin))
     assert [s["tokens"] for s in got["segments"]] == [s["tokens"] for s in want["segments"]]

@@ -8,6 +8,8 @@ it changes numbers, so caches made one way are never taken for another's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from whisperkv.cpu.bfloat16 import convert_bfloat16
@@ -79,8 +81,8 @@ def load_model(
 
     ``dtype`` defaults to float32 on CPU and float16 on CUDA. ``compute_type="int8"`` quantises the
     linear layers (CPU only; an approximation whose agreement is measured, see ``cpu/quantize.py``);
-    ``"bfloat16"`` on the CPU is the bfloat16 compute type (``cpu/bfloat16.py``: loaded in float32, then
-    converted; another approximation), elsewhere the dtype, as "float32"/"float16" set it.
+    ``"bfloat16"`` on the CPU is the bfloat16 compute type (``cpu/bfloat16.py``: converted a block at a
+    time from the stored weights; another approximation), elsewhere the dtype, as "float32"/"float16" set it.
     ``download_root`` and ``in_memory`` are accepted for compatibility and ignored: whisperkv never
     downloads, and always reads the weights into memory.
     ``device=None`` picks CUDA where there is one, as openai-whisper's ``load_model`` does.
@@ -91,22 +93,20 @@ def load_model(
     if vocab_layout not in (*LAYOUTS, "measure"):
         raise ValueError(f"unknown vocab_layout {vocab_layout!r}: {', '.join(LAYOUTS)} or measure")
     cpu = str(device) == "cpu"
-    bfloat16 = cpu and compute_type == "bfloat16"  # the compute type, made from the float32 model
-    if bfloat16:
-        dtype = torch.float32
-    layout = None
-    if cpu and dtype == torch.float32:
-        layout = vocab_layout
-        if vocab_layout == "measure":  # before the weights: one peak, not two
-            layout, _ = choose_layout(*_vocab_shape(name_or_path))
-    if compute_type == "int8":
-        model = _int8_model(name_or_path, device)  # its own step plan (use_attention_kernels) included
+    convert = None  # the int8 type (CPU only: refused elsewhere by name), the bfloat16 type on the CPU
+    if compute_type == "int8" or (cpu and compute_type == "bfloat16"):
+        convert = quantize_int8 if compute_type == "int8" else convert_bfloat16
+    if convert is not None:  # made from the stored weights a block at a time, with its own step plan
+        model = _converted_model(name_or_path, device, convert)
     else:
+        layout = None
+        if cpu and dtype == torch.float32:
+            layout = vocab_layout
+            if vocab_layout == "measure":  # before the weights: one peak, not two
+                layout, _ = choose_layout(*_vocab_shape(name_or_path))
         ckpt = load_checkpoint(name_or_path)  # consumed: no tensor the model replaces is kept by it
         model = model_from_checkpoint(ckpt, device=device, dtype=dtype, vocab_layout=layout, consume=True)
-        if bfloat16:
-            convert_bfloat16(model)  # as for int8: its own step plan included
-        elif cpu and dtype == torch.float32:
+        if cpu and dtype == torch.float32:
             use_attention_kernels(model)  # the CPU backend's plan, its kernels where a compiler builds them
     if cpu:
         # a window's freed activations stay for the next (``heap.py``); set after loading, so that
@@ -118,20 +118,22 @@ def load_model(
     return model
 
 
-def _int8_model(name_or_path: str, device: str | torch.device) -> Whisper:
-    """The int8 type, loaded without the whole float32 model: a float16 checkpoint's tensors stay float16
-    until ``quantize_int8`` widens and quantises them a block at a time, so the load's peak holds the
-    float16 weights and one block in float32 (large-v3-turbo: 4,440 MB before); a zip-format ``.pt`` is
-    memory-mapped and its pages handed back as they are converted, so not even the float16 weights are
-    held whole. The same weights, digest and tokens as quantising the loaded float32 model
-    (``tests/test_int8_load.py``)."""
+def _converted_model(
+    name_or_path: str, device: str | torch.device, convert: Callable[..., Whisper]
+) -> Whisper:
+    """The int8 or bfloat16 type (``convert``: ``quantize_int8`` or ``convert_bfloat16``), loaded without
+    the whole float32 model: a float16 checkpoint's tensors stay float16 until ``convert`` widens and
+    converts them a block at a time, so the load's peak holds the float16 weights and one block in
+    float32 (large-v3-turbo int8: 4,440 MB before); a zip-format ``.pt`` is memory-mapped and its pages
+    handed back as they are converted, so not even the float16 weights are held whole. The same weights,
+    digest and tokens as converting the loaded float32 model (``tests/test_int8_load.py``)."""
     ckpt = load_checkpoint(name_or_path, widen=False)
     pages = ckpt.extra.get("mapped")  # a memory-mapped .pt (``weights/mapped.py``)
-    # consumed: each stored tensor is freed as its block is quantised
+    # consumed: each stored tensor is freed as its block is converted
     model = model_from_checkpoint(ckpt, device=device, dtype=None, consume=True)
     if pages is not None:
         pages.drop()  # what fusing query|key|value read (it copied them)
-    return quantize_int8(model, release=None if pages is None else pages.drop)
+    return convert(model, release=None if pages is None else pages.drop)
 
 
 def _dtype(compute_type: str, dtype: torch.dtype | str | None, device: str | torch.device) -> torch.dtype:

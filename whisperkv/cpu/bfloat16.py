@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from whisperkv.cpu.bf16_linear import Bf16RowsKernel, Bfloat16Embedding, Bfloat16Linear, load_bf16_rows_kernel
+from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
 from whisperkv.model.attention import MultiHeadAttention
-from whisperkv.model.whisper import Whisper
+from whisperkv.model.whisper import Whisper, state_digest
 
 
 def _plain_bfloat16(linear: nn.Linear) -> nn.Linear:
@@ -56,21 +58,40 @@ def _replace_linears(module: nn.Module, kernel: Bf16RowsKernel | None, keep: tup
                 setattr(parent, name, Bfloat16Linear.from_linear(child, kernel))
 
 
-def convert_bfloat16(model: Whisper, attention_kernel: bool = True, rows_kernel: bool = True) -> Whisper:
-    """Turn a float32 CPU model into the bfloat16 compute type, in place, and mark its provenance.
+def convert_bfloat16(
+    model: Whisper,
+    attention_kernel: bool = True,
+    rows_kernel: bool = True,
+    release: Callable[[torch.Tensor | None], None] | None = None,
+) -> Whisper:
+    """Turn a float32 CPU model (or its float16 tensors) into the bfloat16 compute type, in place, and
+    mark its provenance.
 
     ``attention_kernel``: the type's own attention and caches (``use_attention_kernels``), else SDPA.
     ``rows_kernel``: the decoder's linears through the C kernel where it builds (AVX512-BF16), else
     PyTorch's float32 products of the same bfloat16 values. Chosen here, once: the weights are stored
-    for one or the other."""
+    for one or the other. A block at a time (``cpu/block_conversion.py``): float16 rounds to bfloat16
+    exactly as its float32 widening does, and what stays float32 is widened last. ``release``: as
+    ``quantize_int8``'s (a memory-mapped checkpoint's pages handed back)."""
     if model.compute_type in ("int8", "bfloat16"):
         raise ValueError(f"this model is already of the {model.compute_type} compute type")
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        raise ValueError("the bfloat16 compute type is made from a float32 model on the CPU")
+    stored = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
+    if model.device.type != "cpu" or not stored <= {torch.float32, torch.float16}:
+        raise ValueError(
+            "the bfloat16 compute type is made from a float32 model (or its float16 tensors) on the CPU"
+        )
+    released = functools.partial(part_converted, release)
     # of the float32 weights, before they are replaced (without the plan a loaded model runs: its own
     # is named below, by ``use_attention_kernels``)
-    base_digest = model.weights_digest.split(ATTENTION_MARK)[0]
-    model.encoder.to(torch.bfloat16)
+    base_digest = (
+        state_digest(model.state_dict(), as_float32=True, after_each=release)
+        if torch.float16 in stored
+        else model.weights_digest.split(ATTENTION_MARK)[0]
+    )
+    for block in model.encoder.blocks:
+        block.to(torch.bfloat16)
+        released()
+    model.encoder.to(torch.bfloat16)  # the convolutions, positions and final LayerNorm
     kernel = load_bf16_rows_kernel() if rows_kernel else None
     if rows_kernel and kernel is None:
         warnings.warn(
@@ -83,13 +104,17 @@ def convert_bfloat16(model: Whisper, attention_kernel: bool = True, rows_kernel:
         for block in model.decoder.blocks
         for linear in (block.cross_attn.key, block.cross_attn.value)
     )
-    _replace_linears(model.decoder.blocks, kernel, keep)
-    # the vocabulary before the table goes: its float32 rows are packed a few thousand at a time
+    for block in model.decoder.blocks:
+        _replace_linears(block, kernel, keep)
+        released()
+    # the vocabulary before the table goes: its rows are packed a few thousand at a time
     projection = Bfloat16Linear(model.decoder.token_embedding.weight, None, kernel)
     model.decoder.logits_projection = projection
     model.decoder.token_embedding = Bfloat16Embedding(projection)
     decoder = "rows kernel" if kernel is not None else "pytorch"
     model.__dict__["weights_digest"] = f"{base_digest}+bfloat16(encoder bfloat16, decoder {decoder})"
     model.compute_type = "bfloat16"
+    widen_float16(model)  # what stays float32: the decoder's LayerNorms and positions
+    released()
     use_attention_kernels(model, attention_kernel)
     return model

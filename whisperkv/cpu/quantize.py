@@ -32,11 +32,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
-from whisperkv.heap import give_back_free_memory
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper, state_digest
 
@@ -50,20 +50,6 @@ def _bfloat16_linear(linear: nn.Linear) -> nn.Linear:
     linear.__class__ = nn.Linear
     linear.__dict__.pop("widths", None)
     return linear.to(torch.bfloat16)
-
-
-def _widen(module: nn.Module) -> None:
-    """Every float16 parameter and buffer below ``module`` as float32 (exactly), in place; bfloat16 ones
-    (already converted) untouched. A float16 model becomes the int8 type a block at a time this way, so
-    its load never holds every float32 weight at once (``load.py``)."""
-    for sub in module.modules():
-        for name, tensor in list(sub.named_parameters(recurse=False)):
-            if tensor.dtype == torch.float16:
-                setattr(sub, name, nn.Parameter(tensor.detach().float(), requires_grad=False))
-        for name, tensor in list(sub.named_buffers(recurse=False)):
-            if tensor.dtype == torch.float16:
-                persistent = name not in sub._non_persistent_buffers_set
-                sub.register_buffer(name, tensor.float(), persistent=persistent)
 
 
 def cpu_has_fast_bfloat16() -> bool:
@@ -135,7 +121,7 @@ def quantize_int8(
     encoder = encoder or encoder_choice(kernel)
     if encoder not in ENCODERS or (encoder == "int8 rows" and kernel is None):
         raise ValueError(f"unknown or unavailable int8 encoder {encoder!r}: bfloat16, int8 rows or int8")
-    released = functools.partial(_converted, release)
+    released = functools.partial(part_converted, release)
     # of the float32 weights, before they are replaced (without a float32 plan's attention: a model
     # loaded as float32 and quantised here would otherwise lose this part of the name to it)
     base_digest = (
@@ -149,7 +135,7 @@ def quantize_int8(
         if encoder == "bfloat16":
             block.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
         else:
-            _widen(block)
+            widen_float16(block)
             _replace_linears(block, kernel if encoder == "int8 rows" else None)
         released()  # the block's float16 and float32 copies, not left in the heap's middle
     if encoder == "bfloat16":
@@ -160,7 +146,7 @@ def quantize_int8(
     decoder += ", cross-KV projection bfloat16" if keep else ""
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
     model.compute_type = "int8"
-    _widen(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
+    widen_float16(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
     released()
     use_attention_kernels(model, attention_kernel)
     return model
@@ -184,7 +170,7 @@ def _quantize_decoder(
             for linear in (block.cross_attn.key, block.cross_attn.value)
         )
     for block in model.decoder.blocks:
-        _widen(block)
+        widen_float16(block)
         _replace_linears(block, kernel, keep)
         released()
     # the table as stored (float16 or float32): both int8 copies widen its rows a block at a time
@@ -192,11 +178,3 @@ def _quantize_decoder(
     model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
     released()
     return keep
-
-
-def _converted(release: Callable[[torch.Tensor | None], None] | None) -> None:
-    """After a part is converted: the heap's free middle back to the kernel, and a mapped checkpoint's
-    pages (``release``)."""
-    give_back_free_memory()
-    if release is not None:
-        release(None)
