@@ -224,7 +224,7 @@ def test_a_float16_pt_is_widened_one_tensor_at_a_time(tmp_path):
     # memory-mapped (how load_openai_pt reads a zip-format file): the same values, each one a copy
     # outside the map, so no tensor of the model is a view of the file once its pages are handed back
     mapped = torch.load(path, weights_only=True, mmap=True)["model_state_dict"]
-    pages = MappedPages.of(mapped.values())
+    pages = MappedPages.of(mapped.values(), path)
     assert pages is not None and pages.end - pages.start >= sum(t.nbytes for t in want.values()) // 2
     from_map = openai_pt._widened(mapped, pages)
     assert all(torch.equal(from_map[name], want[name]) for name in names)
@@ -235,3 +235,27 @@ def test_a_float16_pt_is_widened_one_tensor_at_a_time(tmp_path):
         loaded.state_dict["decoder.token_embedding.weight"],
         random_checkpoint(dims, 3).state_dict["decoder.token_embedding.weight"],
     )
+
+
+def test_only_a_files_own_private_map_is_handed_back(tmp_path):
+    """``MappedPages`` advises the kernel to drop pages: it must never cover memory that is not the
+    checkpoint file's own private map (ordinary tensors live in the heap). A legacy-format .pt cannot be
+    mapped: it is read whole, with the same values."""
+    from whisperkv.model.dims import ModelDims
+    from whisperkv.model.random_weights import write_random_model
+    from whisperkv.weights import openai_pt
+    from whisperkv.weights.mapped import MappedPages
+
+    dims = ModelDims(80, 1500, 64, 2, 1, 51864, 448, 64, 2, 1)
+    path = write_random_model(dims, tmp_path, seed=5)
+    assert MappedPages.of([torch.ones(1 << 16), torch.zeros(3)], path) is None  # heap memory
+    mapped = torch.load(path, weights_only=True, mmap=True)["model_state_dict"]
+    assert MappedPages.of(mapped.values(), tmp_path / "another.pt") is None  # not that file's map
+    assert MappedPages.of(mapped.values(), path) is not None
+    legacy = tmp_path / "legacy.pt"
+    torch.save(torch.load(path, weights_only=True), legacy, _use_new_zipfile_serialization=False)
+    read_whole = openai_pt.load_openai_pt(legacy, widen=False)
+    assert "mapped" not in read_whole.extra
+    kept = openai_pt.load_openai_pt(path, widen=False)
+    assert isinstance(kept.extra["mapped"], MappedPages)
+    assert all(torch.equal(read_whole.state_dict[name], t) for name, t in kept.state_dict.items())

@@ -4,9 +4,10 @@ Why: ``torch.load`` reads a ``.pt`` whole into anonymous memory, so a load held 
 until the last one was converted (large-v3-turbo's int8 type: its 1.6 GB of float16 beside the int8
 weights being made, a 2.0-2.1 GB peak against CTranslate2's 837 MB). Loaded with ``mmap=True`` the
 tensors are views of the file, paged in as they are read; once a tensor has been converted (widened,
-fused, quantised, hashed), ``drop`` tells the kernel its pages may go. The map is private and nothing
-writes into the checkpoint's tensors (every conversion makes new ones), so its pages are clean file
-pages: dropping one costs at most a second read from the page cache, never a value
+fused, quantised, hashed), ``drop`` tells the kernel its pages may go. The map is private (checked, as
+is that the range is the file's own map) and nothing writes into the checkpoint's tensors (every
+conversion makes new ones), so its pages are clean file pages: dropping one costs at most a second read
+from the page cache, never a value
 (``tests/test_int8_load.py`` compares the tensors and tokens with the eagerly read file's).
 """
 
@@ -16,6 +17,7 @@ import ctypes
 import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -31,15 +33,20 @@ class MappedPages:
     end: int
 
     @classmethod
-    def of(cls, tensors: Iterable[torch.Tensor]) -> MappedPages | None:
-        """The range spanning these tensors' storages (one map: ``torch.load(mmap=True)`` maps the whole
-        file once), or None if there are none."""
-        spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors if t.numel()]
+    def of(cls, tensors: Iterable[object], path: str | Path) -> MappedPages | None:
+        """The page-aligned range spanning these tensors' storages, if it lies inside one private map of
+        the file ``path`` (``torch.load(mmap=True)`` maps the whole file once; checked in
+        /proc/self/maps, so that nothing outside the file's own map is ever handed back); else None."""
+        spans = [
+            (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            for t in tensors
+            if isinstance(t, torch.Tensor) and t.numel()
+        ]
         if not spans:
             return None
-        start = min(ptr for ptr, _ in spans)
-        end = max(ptr + size for ptr, size in spans)
-        return cls(_page_floor(start), _page_ceil(end))
+        start = _page_floor(min(ptr for ptr, _ in spans))
+        end = _page_ceil(max(ptr + size for ptr, size in spans))
+        return cls(start, end) if _inside_private_map(start, end, Path(path).resolve()) else None
 
     def drop(self, tensor: torch.Tensor | None = None) -> None:
         """Hand back the pages of ``tensor`` (those it touches, rounded out to whole pages), or of the
@@ -53,6 +60,22 @@ class MappedPages:
         first, last = _page_floor(ptr), _page_ceil(ptr + tensor.numel() * tensor.element_size())
         if self.start <= first and last <= self.end:
             _madvise(first, last - first)
+
+
+def _inside_private_map(start: int, end: int, path: Path) -> bool:
+    """Whether [start, end) lies inside one private (copy-on-write) map of ``path`` in this process."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[5] != str(path) or not fields[1].endswith("p"):
+            continue
+        low, high = (int(bound, 16) for bound in fields[0].split("-"))
+        if low <= start and end <= high:
+            return True
+    return False
 
 
 def _page_floor(address: int) -> int:

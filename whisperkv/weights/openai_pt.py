@@ -26,14 +26,13 @@ def load_openai_pt(path: str | Path, widen: bool = True) -> Checkpoint:
     and ``extra["mapped"]`` says where, for the loader to hand their pages back as it converts them;
     any other tensor is copied out of the map now, so no tensor a model keeps is a view of the file."""
     path = Path(path)
-    data, mapped = _read(path)
+    data, pages = _read(path)
     if not isinstance(data, dict) or "dims" not in data or "model_state_dict" not in data:
         raise ModelLoadError(
             f"{path}: not an OpenAI Whisper checkpoint (needs 'dims' and 'model_state_dict')"
         )
     stored_sd = data["model_state_dict"]
     stored = str(next(iter(stored_sd.values())).dtype).replace("torch.", "")
-    pages = MappedPages.of(stored_sd.values()) if mapped else None
     sd = _widened(stored_sd, pages) if widen else _kept_float16(stored_sd, pages)
     heads = data.get("alignment_heads")
     return Checkpoint(
@@ -48,16 +47,25 @@ def load_openai_pt(path: str | Path, widen: bool = True) -> Checkpoint:
     )
 
 
-def _read(path: Path) -> tuple[object, bool]:
+def _read(path: Path) -> tuple[object, MappedPages | None]:
     """``torch.load`` of the file, memory-mapped where it is a zip-format file (every ``torch.save`` since
-    PyTorch 1.6); the legacy format is read whole. Returns the data and whether it is mapped."""
+    PyTorch 1.6) and its state dict lies in one private map of it; else read whole (the legacy format).
+    Returns the data and the map's pages (None: read whole)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True), True
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
         if not (isinstance(exc, RuntimeError) and "mmap can only be used" in str(exc)):
             raise _unreadable(path, exc) from exc
+    else:
+        stored = data.get("model_state_dict") if isinstance(data, dict) else None
+        if not isinstance(stored, dict):
+            return data, None  # not a Whisper checkpoint: the caller says so
+        pages = MappedPages.of(stored.values(), path)
+        if pages is not None:
+            return data, pages
+        del data, stored  # a map that cannot be handed back page by page: read whole instead
     try:
-        return torch.load(path, map_location="cpu", weights_only=True), False
+        return torch.load(path, map_location="cpu", weights_only=True), None
     except Exception as exc:  # noqa: BLE001
         raise _unreadable(path, exc) from exc
 
