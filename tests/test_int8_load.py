@@ -125,3 +125,36 @@ def test_a_model_of_another_dtype_is_refused():
     model = model_from_checkpoint(load_checkpoint("tiny.en"), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="float32 model"):
         quantize_int8(model)
+
+
+@pytest.mark.parametrize("kernel", ["rows kernel", "fbgemm"])
+def test_query_key_value_are_thirds_of_the_fused_int8_layer(kernel):
+    """The int8 type keeps one copy of a self-attention's query|key|value rows (the fused layer); the
+    three layers are its thirds and give what separate int8 layers of the same weights give, bit for
+    bit (each output is its own row's products and scale; the key's zero bias adds nothing)."""
+    from whisperkv.cpu.int8_linear import Int8FusedPart
+    from whisperkv.cpu.int8_rows import load_rows_kernel
+
+    rows = load_rows_kernel() if kernel == "rows kernel" else None
+    if kernel == "rows kernel" and rows is None:
+        pytest.skip("the int8 rows kernel does not build here")
+    generator = torch.Generator().manual_seed(7)
+    d = 384
+    weights = [torch.randn(d, d, generator=generator) / d**0.5 for _ in range(3)]
+    biases = [torch.randn(d, generator=generator), None, torch.randn(d, generator=generator)]
+    fused = Int8Linear(torch.cat(weights), torch.cat([biases[0], torch.zeros(d), biases[2]]), rows)
+    x = torch.randn(2, 9, d, generator=generator)
+    for part in range(3):
+        separate = Int8Linear(weights[part], biases[part], rows)
+        assert torch.equal(Int8FusedPart(fused, part)(x), separate(x)), part
+
+
+def test_the_int8_model_holds_no_second_copy_of_query_key_value():
+    from whisperkv.cpu.int8_linear import Int8FusedPart
+
+    model = whisperkv.load_model("tiny.en", compute_type="int8")
+    for block in [*model.encoder.blocks, *model.decoder.blocks]:
+        attn = block.attn
+        assert all(isinstance(layer, Int8FusedPart) for layer in (attn.query, attn.key, attn.value))
+        assert attn.query.fused is attn.qkv and attn.value.part == 2
+    assert all(isinstance(block.cross_attn.query, Int8Linear) for block in model.decoder.blocks)  # unfused

@@ -23,24 +23,29 @@ class Int8Linear(nn.Module):
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Int8RowsKernel | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        kernel: Int8RowsKernel | None = None,
+        rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
+        """``rows``: ``weight``'s int8 rows and scales, already made (``quantize_rows``, ``row_scales``),
+        for the rows kernel to pack (the vocabulary table's, shared with ``Int8Embedding``)."""
         super().__init__()
         # float16 rows are widened a block at a time by ``row_scales`` / ``quantize_rows`` (exactly, as
         # a float32 copy would be): no float32 copy of a whole vocabulary table while loading
         weight = weight.detach() if weight.dtype == torch.float16 else weight.detach().float()
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
-        scales = row_scales(weight)
         self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
         if self.kernel is not None:
-            qweight = quantize_rows(weight, scales)
+            qweight, scales = rows if rows is not None else _quantised(weight)
             self._row_sums = row_sums(qweight)
             self._scales = scales
             self._bias = None if bias is None else bias.detach().float().contiguous()
             self._packed = self.kernel.pack(qweight)
             return
-        weight = weight.float()
+        weight, scales = weight.float(), row_scales(weight)
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantised tensor types announce their future move
@@ -84,6 +89,33 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row, {how}"
 
 
+class Int8FusedPart(nn.Module):
+    """Query, key or value of a fused int8 query|key|value layer: its third of that layer's output.
+
+    Why: the three separate int8 layers held the fused layer's int8 rows a second time (157 MB in
+    large-v3-turbo's encoder) only for the paths that project one of them alone (the reference decoder's
+    ``forward_uncached``: language detection, the uncached twin). Each output is its own row's int8
+    products and scale, whichever rows are computed beside it, so the third is what the separate layer
+    gave (the key's zero bias adds nothing).
+    """
+
+    #: ``linear_rows`` passes how a step's rows group into caches, as to ``Int8Linear``
+    groups_rows = True
+
+    def __init__(self, fused: Int8Linear, part: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "fused", fused)  # not a submodule: the attention holds it as ``qkv``
+        self.part = part
+        self.in_features = fused.in_features
+        self.out_features = fused.out_features // 3
+
+    def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        return self.fused(x, sizes).chunk(3, dim=-1)[self.part]
+
+    def extra_repr(self) -> str:
+        return f"{('query', 'key', 'value')[self.part]} of the fused int8 query|key|value"
+
+
 class Int8Embedding(nn.Module):
     """Token embedding rows stored as int8 with one scale per row, dequantised on lookup.
 
@@ -91,11 +123,11 @@ class Int8Embedding(nn.Module):
     well only for the lookup of one token per step held 80 MB (tiny.en) for nothing.
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """``rows``: ``weight``'s int8 rows and scales, already made (as ``Int8Linear`` takes them)."""
         super().__init__()
         weight = weight.detach()
-        scale = row_scales(weight)
-        qweight = quantize_rows(weight, scale)
+        qweight, scale = rows if rows is not None else _quantised(weight)
         scale = scale[:, None]
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
@@ -103,3 +135,9 @@ class Int8Embedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.qweight[tokens].float() * self.scale[tokens]
+
+
+def _quantised(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight``'s int8 rows and their scales (``cpu/row_int8.py``)."""
+    scales = row_scales(weight)
+    return quantize_rows(weight, scales), scales

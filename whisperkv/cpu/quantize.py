@@ -34,9 +34,10 @@ from torch import nn
 
 from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
-from whisperkv.cpu.int8_linear import Int8Embedding, Int8Linear
+from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
+from whisperkv.cpu.row_int8 import quantize_rows, row_scales
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper, state_digest
 
@@ -60,12 +61,13 @@ def cpu_has_fast_bfloat16() -> bool:
 def _replace_linears(
     module: nn.Module, kernel: Int8RowsKernel | None = None, keep: tuple[nn.Module, ...] = ()
 ) -> None:
-    """Every nn.Linear below ``module`` but those in ``keep`` becomes an Int8Linear; fused
-    query/key/value ones too."""
+    """Every nn.Linear below ``module`` but those in ``keep`` becomes an Int8Linear; a fused
+    query/key/value becomes one, the three layers its thirds (``Int8FusedPart``)."""
     make = functools.partial(Int8Linear, kernel=kernel)
     for child in module.modules():
         if isinstance(child, MultiHeadAttention) and child.qkv is not None:
-            child.fuse_qkv(make)  # per-row scales: the same int8 rows the three layers get
+            child.fuse_qkv(make)  # per-row scales: the same int8 rows the three layers would get
+            child.query, child.key, child.value = (Int8FusedPart(child.qkv, part) for part in range(3))
     for parent in list(module.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear) and not any(child is k for k in keep):
@@ -140,7 +142,7 @@ def quantize_int8(
         released()  # the block's float16 and float32 copies, not left in the heap's middle
     if encoder == "bfloat16":
         model.encoder.to(torch.bfloat16)  # the convolutions, positions and final LayerNorm
-    keep = _quantize_decoder(model, kernel, encoder == "bfloat16", released)
+    keep = _quantize_decoder(model, kernel, encoder == "bfloat16", release)
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
     decoder = ", decoder rows kernel" if kernel is not None else ""
     decoder += ", cross-KV projection bfloat16" if keep else ""
@@ -153,7 +155,10 @@ def quantize_int8(
 
 
 def _quantize_decoder(
-    model: Whisper, kernel: Int8RowsKernel | None, bfloat16_cross: bool, released: Callable[[], None]
+    model: Whisper,
+    kernel: Int8RowsKernel | None,
+    bfloat16_cross: bool,
+    release: Callable[[torch.Tensor | None], None] | None,
 ) -> tuple[nn.Module, ...]:
     """The decoder's blocks a block at a time, then the vocabulary table's two int8 copies; returns the
     Cross-KV projections kept in bfloat16.
@@ -162,6 +167,7 @@ def _quantize_decoder(
     window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
     anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
     per-row quantised, through the rows kernel made for a step's few rows, on an AMX CPU)."""
+    released = functools.partial(part_converted, release)
     keep: tuple[nn.Module, ...] = ()
     if bfloat16_cross:
         keep = tuple(
@@ -173,8 +179,14 @@ def _quantize_decoder(
         widen_float16(block)
         _replace_linears(block, kernel, keep)
         released()
-    # the table as stored (float16 or float32): both int8 copies widen its rows a block at a time
-    model.decoder.logits_projection = Int8Linear(model.decoder.token_embedding.weight, None, kernel)
-    model.decoder.token_embedding = Int8Embedding(model.decoder.token_embedding.weight)
+    # the table as stored (float16 or float32), its rows widened a block at a time and quantised once
+    # for both int8 copies (the embedding's rows, the projection's packed from them)
+    table = model.decoder.token_embedding.weight
+    scales = row_scales(table)
+    rows = (quantize_rows(table, scales), scales)
+    if release is not None:
+        release(table)  # its pages, before the packed copy is made (fbgemm's reads them again)
+    model.decoder.token_embedding = Int8Embedding(table, rows)
+    model.decoder.logits_projection = Int8Linear(table, None, kernel, rows)
     released()
     return keep
