@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -252,6 +253,12 @@ def test_only_a_files_own_private_map_is_handed_back(tmp_path):
     mapped = torch.load(path, weights_only=True, mmap=True)["model_state_dict"]
     assert MappedPages.of(mapped.values(), tmp_path / "another.pt") is None  # not that file's map
     assert MappedPages.of(mapped.values(), path) is not None
+    pages = MappedPages.of(mapped.values(), path)
+    del mapped  # every tensor of the checkpoint gone: the map stays while its pages object does, so a
+    assert any(line.endswith(str(path.resolve())) for line in _maps())  # drop never reaches reused memory
+    pages.drop()
+    del pages
+    assert not any(line.endswith(str(path.resolve())) for line in _maps())
     legacy = tmp_path / "legacy.pt"
     torch.save(torch.load(path, weights_only=True), legacy, _use_new_zipfile_serialization=False)
     read_whole = openai_pt.load_openai_pt(legacy, widen=False)
@@ -259,3 +266,7 @@ def test_only_a_files_own_private_map_is_handed_back(tmp_path):
     kept = openai_pt.load_openai_pt(path, widen=False)
     assert isinstance(kept.extra["mapped"], MappedPages)
     assert all(torch.equal(read_whole.state_dict[name], t) for name, t in kept.state_dict.items())
+
+
+def _maps() -> list[str]:
+    return Path("/proc/self/maps").read_text().splitlines()

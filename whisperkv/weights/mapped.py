@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,26 +27,30 @@ MADV_DONTNEED = 4
 
 @dataclass(frozen=True)
 class MappedPages:
-    """The address range a memory-mapped checkpoint's tensors occupy, page-aligned."""
+    """The address range a memory-mapped checkpoint's tensors occupy, page-aligned, and one of those
+    tensors, held so that the map outlives every advice given to it: once the checkpoint's last tensor
+    is freed PyTorch unmaps the file, and a later allocation may be given the same addresses, which a
+    whole-map ``drop`` would then wipe. With the anchor held the range stays the file's map (its pages
+    dropped, so it costs address space, not memory) until this object goes."""
 
     start: int
     end: int
+    anchor: torch.Tensor = field(repr=False, compare=False)
 
     @classmethod
     def of(cls, tensors: Iterable[object], path: str | Path) -> MappedPages | None:
         """The page-aligned range spanning these tensors' storages, if it lies inside one private map of
         the file ``path`` (``torch.load(mmap=True)`` maps the whole file once; checked in
         /proc/self/maps, so that nothing outside the file's own map is ever handed back); else None."""
-        spans = [
-            (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-            for t in tensors
-            if isinstance(t, torch.Tensor) and t.numel()
-        ]
-        if not spans:
+        held = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel()]
+        if not held:
             return None
+        spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in held]
         start = _page_floor(min(ptr for ptr, _ in spans))
         end = _page_ceil(max(ptr + size for ptr, size in spans))
-        return cls(start, end) if _inside_private_map(start, end, Path(path).resolve()) else None
+        if not _inside_private_map(start, end, Path(path).resolve()):
+            return None
+        return cls(start, end, anchor=held[0].detach().view(-1)[:1])
 
     def drop(self, tensor: torch.Tensor | None = None) -> None:
         """Hand back the pages of ``tensor`` (those it touches, rounded out to whole pages), or of the
