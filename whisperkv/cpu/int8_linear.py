@@ -10,7 +10,7 @@ from torch import nn
 
 from whisperkv.cpu.flags import cpu_has_vnni
 from whisperkv.cpu.int8_rows import Int8RowsKernel
-from whisperkv.cpu.row_int8 import quantize_rows, row_scales, row_sums
+from whisperkv.cpu.row_int8 import quantized_rows, row_scales, row_sums
 
 
 class Int8Linear(nn.Module):
@@ -29,7 +29,7 @@ class Int8Linear(nn.Module):
         kernel: Int8RowsKernel | None = None,
         rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """``rows``: ``weight``'s int8 rows and scales, already made (``quantize_rows``, ``row_scales``),
+        """``rows``: ``weight``'s int8 rows and scales, already made (``quantized_rows``),
         for the rows kernel to pack (the vocabulary table's, shared with ``Int8Embedding``)."""
         super().__init__()
         # float16 rows are widened a block at a time by ``row_scales`` / ``quantize_rows`` (exactly, as
@@ -39,7 +39,7 @@ class Int8Linear(nn.Module):
         self.out_features = weight.shape[0]
         self.kernel = kernel if kernel is not None and kernel.takes(self.in_features) else None
         if self.kernel is not None:
-            qweight, scales = rows if rows is not None else _quantised(weight)
+            qweight, scales = rows if rows is not None else quantized_rows(weight)
             self._row_sums = row_sums(qweight)
             self._scales = scales
             self._bias = None if bias is None else bias.detach().float().contiguous()
@@ -127,7 +127,7 @@ class Int8Embedding(nn.Module):
         """``rows``: ``weight``'s int8 rows and scales, already made (as ``Int8Linear`` takes them)."""
         super().__init__()
         weight = weight.detach()
-        qweight, scale = rows if rows is not None else _quantised(weight)
+        qweight, scale = rows if rows is not None else quantized_rows(weight)
         scale = scale[:, None]
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
@@ -135,9 +135,3 @@ class Int8Embedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.qweight[tokens].float() * self.scale[tokens]
-
-
-def _quantised(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight``'s int8 rows and their scales (``cpu/row_int8.py``)."""
-    scales = row_scales(weight)
-    return quantize_rows(weight, scales), scales

@@ -37,7 +37,7 @@ from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
-from whisperkv.cpu.row_int8 import quantize_rows, row_scales
+from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper, state_digest
 
@@ -182,8 +182,7 @@ def _quantize_decoder(
     # the table as stored (float16 or float32), its rows widened a block at a time and quantised once
     # for both int8 copies (the embedding's rows, the projection's packed from them)
     table = model.decoder.token_embedding.weight
-    scales = row_scales(table)
-    rows = (quantize_rows(table, scales), scales)
+    rows = quantized_rows(table)
     if release is not None:
         release(table)  # its pages, before the packed copy is made (fbgemm's reads them again)
     model.decoder.token_embedding = Int8Embedding(table, rows)

@@ -32,6 +32,12 @@ def quantize_rows(weight: torch.Tensor, scales: torch.Tensor, block: int = 4096)
     return qweight
 
 
+def quantized_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight``'s int8 rows and their scales: ``quantize_rows`` with ``row_scales``."""
+    scales = row_scales(weight)
+    return quantize_rows(weight, scales), scales
+
+
 def row_sums(qweight: torch.Tensor, block: int = 4096) -> torch.Tensor:
     """Each int8 row's sum as int32 [rows] (the kernel's zero-point correction), ``block`` rows at a time:
     summing the whole table at once widened it to an int32 temporary (80 MB for tiny.en's vocabulary,
