@@ -12,8 +12,12 @@ next word's start); and the prompt is exactly the committed words before the cut
 times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a
 prompt ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update.
 
-With a VAD, silence between utterances never enters a buffer and the end of speech closes the utterance:
-its last hypothesis is committed whole. End of input does the same. Committed text is never retracted.
+With a VAD, silence between utterances never enters an utterance's buffer and the end of speech closes
+the utterance: its last hypothesis is committed whole. End of input does the same. What the VAD called a
+pause is still heard once, whole, when it is over (the next speech starts, 30 s of it have passed, or
+input ends): words it did not take for speech — whispered ones — are committed like an utterance's
+last hypothesis, and a silent pause is judged silence by ``transcribe``'s rule (no words). Committed text
+is never retracted.
 
 Decoding is behind ``UpdateDecoder`` — in this process (``LocalDecoder``) or through the server's
 scheduler — so the policy does not know where the model runs.
@@ -70,6 +74,9 @@ class StreamingSession:
         self.buffer_start = 0
         self.decoded: tuple[int, int] | None = None  # (buffer start, end) the last decode saw
         self.closed_at = 0  # where the last utterance ended (its end as the VAD padded it)
+        self.pause_from = 0  # where the audio between utterances not yet decoded begins
+        #: where the last utterance's buffer began and its first committed word (a cut between words)
+        self.last_buffer: tuple[int, int] | None = None
         self.utterance: list[Word] = []
 
     @property
@@ -86,6 +93,7 @@ class StreamingSession:
             for boundary in self.vad.process(samples):
                 t = boundary.sample / SAMPLE_RATE
                 if boundary.kind == "start":
+                    events += self._hear_pause(boundary.sample)
                     self.in_speech = True
                     self.buffer_start = max(boundary.sample, self.audio_start)
                     self.agreement.first_in_buffer = len(self.agreement.committed)
@@ -95,6 +103,8 @@ class StreamingSession:
                 else:
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
                     events += self._close(boundary.sample)
+        if not self.in_speech and self.received - self.pause_from >= WINDOW * SAMPLE_RATE:
+            events += self._hear_pause(self.pause_from + WINDOW * SAMPLE_RATE)
         self._forget_old_audio()
         return events
 
@@ -116,7 +126,7 @@ class StreamingSession:
         """End of input: what is left is committed."""
         if self.in_speech:
             return self._close(self.received)
-        return self._commit(self.agreement.flush())
+        return self._commit(self.agreement.flush()) + self._hear_pause(self.received)
 
     @property
     def has_speech(self) -> bool:
@@ -136,14 +146,15 @@ class StreamingSession:
 
     def commit(self) -> list[Event]:
         """Close the current utterance now, as a client's commit asks: what was heard is committed."""
-        events = self._close(self.received) if self.in_speech else []
+        events = self._close(self.received) if self.in_speech else self._hear_pause(self.received)
         if self.vad is not None:
             self.vad.reset()
         return events
 
     def clear(self) -> None:
         """Drop the audio not yet committed (committed text stays, it is never retracted)."""
-        self.buffer_start = self.received
+        self.buffer_start = self.pause_from = self.received
+        self.last_buffer = None
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.agreement.previous = []
         self.decoded = None
@@ -208,7 +219,8 @@ class StreamingSession:
         )
         events[-1].words = self.utterance
         self.utterance = []
-        self.buffer_start = self.closed_at = max(end, self.buffer_start)
+        self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
+        self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.decoded = None
         self.in_speech = self.vad is None
@@ -224,16 +236,23 @@ class StreamingSession:
         while end - self.buffer_start > WINDOW * SAMPLE_RATE:
             window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
             hypothesis = self._decode(end)  # the first 30 s of the buffer
-            ahead = self.buffer_start / SAMPLE_RATE + 1.0  # each window moves on by a second at least
-            cuts = [c for c in hypothesis.word_boundaries() if c[1] >= ahead]
-            if cuts:
-                count, cut = cuts[-1]
-                words = hypothesis.words[:count]
-            else:
-                cut, words = window_end, [w for w in hypothesis.words if w.end <= window_end]
+            words, cut = self._window_cut(hypothesis, window_end)
             events += self._commit(self.agreement.flush(words))
             self._cut(int(cut * SAMPLE_RATE))
         return events
+
+    def _window_cut(self, hypothesis: Hypothesis, window_end: float) -> tuple[list[Word], float]:
+        """Of a full window's hypothesis: the words up to its last complete segment and the cut after them
+        (a second past the buffer's start at least); without one, the words that end before the window's
+        end (one that reaches it may be cut off there) and a cut before the next word."""
+        ahead = self.buffer_start / SAMPLE_RATE + 1.0  # each window moves on by a second at least
+        cuts = [c for c in hypothesis.word_boundaries() if c[1] >= ahead]
+        if cuts:
+            count, cut = cuts[-1]
+            return hypothesis.words[:count], cut
+        words = [w for w in hypothesis.words if w.end < window_end - WORD_AT_END_S]
+        rest = hypothesis.words[len(words) :]
+        return words, max(ahead, min([window_end] + [w.start for w in rest[:1]]))
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
         """Cut the buffer at the last committed segment end (or sentence end) once it is long; never past
@@ -261,8 +280,49 @@ class StreamingSession:
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
 
+    def _hear_pause(self, end: int) -> list[Event]:
+        """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
+        longer than a window is heard window by window, each cut after its last complete segment."""
+        start = self.pause_from
+        if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
+            return []
+        maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
+        if maybe_speech is not None and not maybe_speech(start, end):
+            self.pause_from = end
+            return []
+        begin = self._pause_buffer(start, end)
+        end = min(end, begin + WINDOW * SAMPLE_RATE)
+        hypothesis = self._decode(end)
+        heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
+        if end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
+            heard, cut = self._window_cut(hypothesis, cut)
+        events = self._commit(self.agreement.flush(heard))
+        self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
+        self.last_buffer = (self.pause_from, len(self.agreement.committed))  # a cut between words
+        self.buffer_start = self.closed_at = max(self.pause_from, self.closed_at)
+        self.decoded = None
+        release = getattr(self.decoder, "release", None)
+        if release is not None:
+            release()
+        return events
+
+    def _pause_buffer(self, start: int, end: int) -> int:
+        """Set the buffer for the pause from ``start``; return where it begins: where the last
+        utterance's buffer began (its words are heard again, and recognised as committed) when that
+        fits a window with the pause, else at the pause. Decoded from the pause alone, a word the VAD's
+        end cut was heard again in pieces ("whatsoever" as "so ever here")."""
+        begin, first = self.last_buffer or (start, len(self.agreement.committed))
+        if begin < self.audio_start or end - begin > WINDOW * SAMPLE_RATE:
+            begin, first = start, len(self.agreement.committed)
+        self.buffer_start, self.decoded = begin, None
+        self.agreement.first_in_buffer = first
+        self.agreement.fresh = first == len(self.agreement.committed)  # nothing committed in the buffer
+        return begin
+
     def _forget_old_audio(self) -> None:
         keep_from = self.buffer_start if self.in_speech else self.received - int(HISTORY_S * SAMPLE_RATE)
+        if not self.in_speech:  # the pause is decoded once it is over, after the last utterance's words
+            keep_from = min(keep_from, self.pause_from, *(self.last_buffer or (self.pause_from,))[:1])
         keep_from = max(self.audio_start, min(keep_from, self.received))
         if keep_from - self.audio_start > SAMPLE_RATE:  # drop in pieces of at least a second
             self.audio = self.audio[keep_from - self.audio_start :]

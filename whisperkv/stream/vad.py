@@ -5,6 +5,13 @@ in pieces of any size: the remainder that does not fill a frame waits for the ne
 ``VADIterator`` reports a start (padded back by ``speech_pad_ms``) and an end once
 ``min_silence_ms`` of silence has followed speech. The ONNX model is used when onnxruntime is
 installed (about 5x faster per frame on this CPU than the TorchScript one, which is the fallback).
+
+Between utterances the detector also notes the frames that came near speech (``MAYBE_SPEECH``): a
+pause holding one is worth decoding once (whispered words scored 0.13 where the threshold is 0.5;
+silence and breath between read sentences mostly under 0.1).
+
+Positions are the stream's: ``VADIterator`` counts from its last reset, so each reset (a client's
+commit or clear) records where the stream was, and every boundary is given from the stream's start.
 """
 
 from __future__ import annotations
@@ -17,6 +24,24 @@ import torch
 
 SAMPLE_RATE = 16000
 FRAME = 512
+#: a pause whose most speech-like frame scores at least this may hold words the VAD did not start on
+MAYBE_SPEECH = 0.1
+
+
+class _Scored:
+    """The VAD model as ``VADIterator`` calls it, keeping each frame's speech probability."""
+
+    def __init__(self, model) -> None:  # noqa: ANN001 - silero's ONNX or TorchScript model
+        self.model = model
+        self.last = 0.0
+
+    def __call__(self, x: torch.Tensor, sampling_rate: int) -> torch.Tensor:
+        out = self.model(x, sampling_rate)
+        self.last = float(out)
+        return out
+
+    def reset_states(self) -> None:
+        self.model.reset_states()
 
 
 @dataclass(frozen=True)
@@ -55,8 +80,9 @@ class SpeechDetector:
         min_silence_ms: int = 500,
         speech_pad_ms: int = 300,
     ) -> None:
+        self.scored = _Scored(model if model is not None else load_vad_model())
         self.iterator = silero().VADIterator(
-            model if model is not None else load_vad_model(),
+            self.scored,
             threshold=threshold,
             sampling_rate=SAMPLE_RATE,
             min_silence_duration_ms=min_silence_ms,
@@ -64,33 +90,51 @@ class SpeechDetector:
         )
         self.pending = np.zeros(0, dtype=np.float32)
         self.in_speech = False
+        self.fed = 0  # stream samples given to ``process``
+        self.offset = 0  # the stream sample of the iterator's sample 0 (where it was last reset)
+        self.near_speech: list[int] = []  # stream samples of pause frames scoring at least MAYBE_SPEECH
         self.pad = speech_pad_ms * SAMPLE_RATE // 1000  # samples a start is dated back, an end forward
 
     def process(self, samples: np.ndarray) -> list[SpeechBoundary]:
         """Boundaries found in the frames these samples complete, in order."""
         audio = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
+        first = self.fed - len(self.pending)  # the stream sample of audio[0]
+        self.fed += len(samples)
         n_frames = len(audio) // FRAME
         self.pending = audio[n_frames * FRAME :]
         found: list[SpeechBoundary] = []
         for i in range(n_frames):
             frame = torch.from_numpy(audio[i * FRAME : (i + 1) * FRAME].copy())
             result = self.iterator(frame)
+            if not self.in_speech and self.scored.last >= MAYBE_SPEECH:
+                self.near_speech.append(first + i * FRAME)
             if not result:
                 continue
             if "start" in result and not self.in_speech:
                 self.in_speech = True
-                found.append(SpeechBoundary("start", int(result["start"])))
+                found.append(SpeechBoundary("start", self.offset + int(result["start"])))
             elif "end" in result and self.in_speech:
                 self.in_speech = False
-                found.append(SpeechBoundary("end", int(result["end"])))
+                found.append(SpeechBoundary("end", self.offset + int(result["end"])))
+        return found
+
+    def maybe_speech(self, start: int, end: int) -> bool:
+        """Whether a pause frame in stream samples [start, end) came near speech; frames before ``end``
+        are forgotten (each stretch of a pause is asked about once)."""
+        found = any(start <= s < end for s in self.near_speech)
+        self.near_speech = [s for s in self.near_speech if s >= end]
         return found
 
     def warm(self) -> None:
         """Judge a second of silence and forget it: the model's first frames cost more than later ones."""
         self.process(np.zeros(SAMPLE_RATE, dtype=np.float32))
         self.reset()
+        self.fed = self.offset = 0  # the stream starts after the warm-up
 
     def reset(self) -> None:
+        """Forget the audio so far (what is fed next is judged afresh); positions stay the stream's."""
         self.iterator.reset_states()
         self.pending = np.zeros(0, dtype=np.float32)
         self.in_speech = False
+        self.offset = self.fed
+        self.near_speech = []

@@ -1,0 +1,123 @@
+"""Words the VAD did not take for speech are still heard: each pause is decoded once, whole (issue 42).
+
+silero-vad scored the whispered half of mfa_whisper2 ("... speech whatsoever here") at most 0.13 against
+its 0.5 threshold, so that audio was never in an utterance's buffer and no update decoded it. A pause
+holding a frame that came near speech (``MAYBE_SPEECH``) is now decoded when it is over — the next speech
+starts, a window of it has passed, or input ends — and what it holds is committed like an utterance's
+last hypothesis. A committed word that reaches into the pause is decoded again with it and recognised
+as committed, not heard twice.
+
+Without a model: ``TimelineDecoder`` (tests/test_stream_no_drop.py) hears a script of words, a VAD built
+from the script hears only the words that are not whispered. With the model: the whispered clip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_stream_compute_sweep import Samples
+from tests.test_stream_no_drop import JFK, ScriptVAD, Silence, TimelineDecoder, plain
+from whisperkv.audio import load_audio
+from whisperkv.metrics import normalize_text
+from whisperkv.stream.clock import SimulatedClock
+from whisperkv.stream.runner import run_stream
+from whisperkv.stream.session import StreamingSession
+from whisperkv.stream.vad import SpeechDetector
+
+SR = 16000
+SPEECH = Path(__file__).resolve().parents[2] / "shared" / "data" / "speech"
+WHISPERED = ["no", "voiced", "speech", "whatsoever", "here.|"]
+
+
+def whispered_script(at: float, gap_after: float = 3.5) -> tuple[list, set[str]]:
+    """jfk, whispered words from ``at`` seconds (0.45 s each), jfk again ``gap_after`` s after them."""
+    whispered = [(w, at + 0.45 * i, at + 0.45 * i + 0.4) for i, w in enumerate(WHISPERED)]
+    offset = whispered[-1][2] + gap_after
+    words = list(JFK) + whispered + [(t, s + offset, e + offset) for t, s, e in JFK]
+    return words, {f"{t}@{s}" for t, s, _ in whispered}
+
+
+class QuietVAD(ScriptVAD):
+    """The script's speech boundaries, blind to its whispered words, which it scores near speech."""
+
+    def __init__(self, words: list, whispered: set[str], near: bool = True) -> None:
+        super().__init__([w for w in words if f"{w[0]}@{w[1]}" not in whispered])
+        self.whispered = [(s, e) for t, s, e in words if f"{t}@{s}" in whispered]
+        self.near = near
+        self.asked: list[tuple[float, float]] = []
+
+    def maybe_speech(self, start: int, end: int) -> bool:
+        self.asked.append((start / SR, end / SR))
+        return self.near and any(start / SR <= s < end / SR for s, _ in self.whispered)
+
+
+def stream(words: list, vad: QuietVAD, compute: float) -> tuple[list[str], TimelineDecoder, list]:
+    decoder = TimelineDecoder(words)
+    calls = []
+    decode = decoder.decode
+
+    def recorded(audio: np.ndarray, start_sample: int, prompt: str):  # noqa: ANN202
+        calls.append((start_sample / SR, (start_sample + len(audio)) / SR))
+        return decode(audio, start_sample, prompt)
+
+    decoder.decode = recorded
+    session = StreamingSession(decoder, vad=vad)
+    for _ in run_stream(Silence(words[-1][2] + 1.0), session, SimulatedClock(compute), 1.0):
+        pass
+    return [w.text.strip() for w in session.agreement.committed], decoder, calls
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 3.0])
+def test_words_the_vad_missed_in_a_pause_are_committed_once_in_order(compute):
+    words, whispered = whispered_script(at=11.5)
+    committed, decoder, _ = stream(words, QuietVAD(words, whispered), compute)
+    assert decoder.neither == []  # every decode's audio began where its prompt ended
+    assert committed == [plain(t) for t, _, _ in words]
+
+
+def test_a_pause_with_nothing_near_speech_is_not_decoded():
+    words, whispered = whispered_script(at=11.5)
+    vad = QuietVAD(words, whispered, near=False)
+    committed, _, calls = stream(words, vad, 0.5)
+    assert committed == [plain(t) for t, s, _ in words if f"{t}@{s}" not in whispered]
+    pause = vad.asked[0]  # the pause between the two jfk utterances, asked about once
+    assert pause[0] == pytest.approx(10.54, abs=0.01) and pause[1] > 14.0
+    assert not [c for c in calls if pause[0] - 1.0 <= c[0] < pause[1] - 0.5]  # no decode began in it
+
+
+def test_a_pause_longer_than_a_window_is_heard_window_by_window():
+    # the pause runs from 10.54 s for 66 s; whispered words lie across its first window's end (40.54 s)
+    words, whispered = whispered_script(at=39.3, gap_after=38.0)
+    committed, decoder, calls = stream(words, QuietVAD(words, whispered), 0.5)
+    assert decoder.neither == []
+    assert committed == [plain(t) for t, _, _ in words]
+    assert max(end - start for start, end in calls) <= 30.0 + 1e-6
+
+
+def test_vad_positions_after_a_reset_are_the_streams():
+    """silero's iterator counts samples from its last reset; a client's commit or clear resets it, and a
+    later utterance was then dated from the reset, minutes before the audio it held."""
+    audio = load_audio(SPEECH / "en" / "jfk.flac")
+    vad = SpeechDetector()
+    first = vad.process(audio)
+    vad.reset()
+    again = vad.process(audio)
+    assert first and [b.kind for b in again] == [b.kind for b in first]
+    assert [b.sample for b in again] == [b.sample + len(audio) for b in first]
+
+
+@pytest.mark.parametrize("compute", [0.3, 1.5])
+def test_the_whispered_clip_keeps_its_last_word(tiny_model, compute):
+    """mfa_whisper2 ("there's gonna be no voiced speech whatsoever here"): its last word lies where the VAD
+    heard no speech; it was dropped at every compute time."""
+    from whisperkv.stream.local_decoder import LocalDecoder
+
+    audio = load_audio(SPEECH / "en" / "mfa_whisper2.flac")
+    session = StreamingSession(LocalDecoder(tiny_model), vad=SpeechDetector())
+    for _ in run_stream(Samples(audio), session, SimulatedClock(compute), 1.0):
+        pass
+    committed = normalize_text(session.committed_text()).split()
+    assert committed[-1] == "here" and committed.count("here") == 1
