@@ -54,7 +54,7 @@ class QuietVAD(ScriptVAD):
         return self.near and any(start / SR <= s < end / SR for s, _ in self.whispered)
 
 
-def stream(words: list, vad: QuietVAD, compute: float) -> tuple[list[str], TimelineDecoder, list]:
+def stream(words: list, vad: QuietVAD, compute: float, events: list | None = None) -> tuple:
     decoder = TimelineDecoder(words)
     calls = []
     decode = decoder.decode
@@ -65,17 +65,24 @@ def stream(words: list, vad: QuietVAD, compute: float) -> tuple[list[str], Timel
 
     decoder.decode = recorded
     session = StreamingSession(decoder, vad=vad)
-    for _ in run_stream(Silence(words[-1][2] + 1.0), session, SimulatedClock(compute), 1.0):
-        pass
+    for event in run_stream(Silence(words[-1][2] + 1.0), session, SimulatedClock(compute), 1.0):
+        if events is not None:
+            events.append(event)
     return [w.text.strip() for w in session.agreement.committed], decoder, calls
 
 
 @pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 3.0])
 def test_words_the_vad_missed_in_a_pause_are_committed_once_in_order(compute):
     words, whispered = whispered_script(at=11.5)
-    committed, decoder, _ = stream(words, QuietVAD(words, whispered), compute)
+    events: list = []
+    committed, decoder, _ = stream(words, QuietVAD(words, whispered), compute, events)
     assert decoder.neither == []  # every decode's audio began where its prompt ended
     assert committed == [plain(t) for t, _, _ in words]
+    # the pause's words open the next utterance: its speech_started comes first (a Realtime item)
+    heard = next(i for i, e in enumerate(events) if e.type == "commit" and "voiced" in e.text)
+    assert events[heard - 1].type == "speech_started"
+    closes = [e for e in events if e.type == "utterance_end"]
+    assert [len(e.words) for e in closes] == [len(JFK), len(JFK) + len(WHISPERED)]
 
 
 def test_a_pause_with_nothing_near_speech_is_not_decoded():

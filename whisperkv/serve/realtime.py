@@ -283,7 +283,8 @@ class TranscriptionConnection:
         """Session events as Realtime server events, in order."""
         for event in events:
             if event.type == "speech_started":
-                self.item_id = self.new_item()
+                if self.item_id is None:  # else opened by words heard in the pause before this speech
+                    self.item_id = self.new_item()
                 await self.send(
                     "input_audio_buffer.speech_started",
                     audio_start_ms=int(event.start * 1000),
@@ -301,6 +302,8 @@ class TranscriptionConnection:
                     previous_item_id=self.previous_item_id,
                 )
             elif event.type == "commit":
+                if self.item_id is None:  # words heard in a pause the VAD passed over: they open an item
+                    self.item_id = self.new_item()
                 delta = " " + event.text if self.item_has_text else event.text
                 self.item_has_text = True
                 await self.send(

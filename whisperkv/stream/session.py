@@ -93,13 +93,14 @@ class StreamingSession:
             for boundary in self.vad.process(samples):
                 t = boundary.sample / SAMPLE_RATE
                 if boundary.kind == "start":
-                    events += self._hear_pause(boundary.sample)
+                    heard = self._hear_pause(boundary.sample)  # its words open the new utterance
                     self.in_speech = True
                     self.buffer_start = max(boundary.sample, self.audio_start)
                     self.agreement.first_in_buffer = len(self.agreement.committed)
                     # the VAD pads both ends: speech that starts after the last utterance's unpadded end
                     self.agreement.fresh = boundary.sample >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
                     events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
+                    events += heard
                 else:
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
                     events += self._close(boundary.sample)
