@@ -95,6 +95,21 @@ def test_a_pause_with_nothing_near_speech_is_not_decoded():
     assert not [c for c in calls if pause[0] - 1.0 <= c[0] < pause[1] - 0.5]  # no decode began in it
 
 
+def test_a_long_silent_pause_keeps_no_more_than_a_window_of_audio():
+    words = list(JFK) + [("later.|", 130.0, 130.5)]
+    session = StreamingSession(TimelineDecoder(words), vad=QuietVAD(words, set(), near=False))
+    held: list[float] = []
+
+    class Watched(Silence):  # what the session holds each time audio is read
+        def read(self, n: int) -> np.ndarray:
+            held.append(len(session.audio) / SR)
+            return super().read(n)
+
+    list(run_stream(Watched(125.0), session, SimulatedClock(0.5), 1.0))
+    assert len(held) > 100 and max(held[-60:]) <= 32.0  # not all 115 s since jfk's utterance ended
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in JFK]
+
+
 def test_a_pause_longer_than_a_window_is_heard_window_by_window():
     # the pause runs from 10.54 s for 66 s; whispered words lie across its first window's end (40.54 s)
     words, whispered = whispered_script(at=39.3, gap_after=38.0)

@@ -289,7 +289,7 @@ class StreamingSession:
             return []
         maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
         if maybe_speech is not None and not maybe_speech(start, end):
-            self.pause_from = end
+            self.pause_from, self.last_buffer = end, None  # nothing to hear: no audio kept for it
             return []
         begin = self._pause_buffer(start, end)
         end = min(end, begin + WINDOW * SAMPLE_RATE)
