@@ -295,7 +295,7 @@ class StreamingSession:
         end = min(end, begin + WINDOW * SAMPLE_RATE)
         hypothesis = self._decode(end)
         heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
-        if end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
+        if heard and end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
             heard, cut = self._window_cut(hypothesis, cut)
         events = self._commit(self.agreement.flush(heard))
         self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
