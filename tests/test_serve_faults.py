@@ -67,6 +67,78 @@ def server(tiny_model) -> Iterator[str]:
         yield url
 
 
+def _assert_bad_uploads_refused(http: httpx.Client, flac: bytes) -> None:
+    """Not audio, a cut FLAC, an empty file, over the upload limit with a length and chunked without one."""
+    _assert_error(
+        _post(http, {"file": ("notes.wav", b"not audio at all", "audio/wav")}, {"model": "whisper-1"}),
+        400,
+        param="file",
+        code="invalid_audio",
+        says="notes.wav",
+    )
+    _assert_error(
+        _post(http, {"file": ("cut.flac", flac[: len(flac) // 3], "audio/flac")}, {"model": "whisper-1"}),
+        400,
+        param="file",
+        says="truncated",
+    )
+    _assert_error(
+        _post(http, {"file": ("empty.wav", b"", "audio/wav")}, {"model": "whisper-1"}),
+        400,
+        param="file",
+        says="empty",
+    )
+    big = {"file": ("big.wav", b"\0" * (UPLOAD_LIMIT + 2**20), "audio/wav")}
+    _assert_error(_post(http, big, {"model": "whisper-1"}), 413, param="file", code="upload_too_large")
+    streamed = http.post(
+        TRANSCRIPTIONS,
+        content=_chunked_multipart(UPLOAD_LIMIT + 2**20),
+        headers={**auth(), "Content-Type": "multipart/form-data; boundary=whisperkvtestboundary"},
+    )
+    _assert_error(streamed, 413, code="upload_too_large")
+
+
+def _assert_bad_fields_refused(http: httpx.Client, audio: dict) -> None:
+    """Unknown and malformed fields, a model that cannot translate or does not exist, no model, no file,
+    no key or the wrong one, and a route that does not exist."""
+    _assert_error(
+        _post(http, audio, {"model": "whisper-1", "beam": "5"}),
+        400,
+        param="beam",
+        code="unknown_parameter",
+        says="beam",
+    )
+    _assert_error(_post(http, audio, {"model": "whisper-1", "beam_size": "five"}), 400, param="beam_size")
+    _assert_error(_post(http, audio, {"model": "whisper-1", "beam_size": "0"}), 400, param="beam_size")
+    _assert_error(
+        _post(http, audio, {"model": "whisper-1", "response_format": "xml"}), 400, param="response_format"
+    )
+    _assert_error(_post(http, audio, {"model": "whisper-1", "temperature": "1.5"}), 400, param="temperature")
+    _assert_error(_post(http, audio, {"model": "whisper-1", "language": "fr"}), 400, param="language")
+    _assert_error(_post(http, audio, {"model": "whisper-1", "language": "xx"}), 400, param="language")
+    _assert_error(
+        _post(http, audio, {"model": "whisper-1", "timestamp_granularities[]": "word"}),
+        400,
+        param="timestamp_granularities",
+    )
+    _assert_error(
+        _post(http, audio, {"model": "whisper-1"}, path="/v1/audio/translations"),
+        400,
+        param="model",
+        says="English-only",
+    )
+    _assert_error(
+        _post(http, audio, {"model": "gpt-4o-transcribe"}), 404, param="model", code="model_not_found"
+    )
+    _assert_error(_post(http, audio, {}), 400, param="model")
+    _assert_error(_post(http, None, {"model": "whisper-1"}), 400, param="file")
+    _assert_error(_post(http, audio, {"model": "whisper-1"}, headers={}), 401, code="invalid_api_key")
+    _assert_error(
+        _post(http, audio, {"model": "whisper-1"}, headers=auth("wrong")), 401, code="invalid_api_key"
+    )
+    _assert_error(http.get("/v1/nothing-here", headers=auth()), 404)
+
+
 def test_bad_requests_answered_while_others_are_served_unchanged(server, tiny_model, speech_dir):
     good: dict = {}
 
@@ -81,71 +153,8 @@ def test_bad_requests_answered_while_others_are_served_unchanged(server, tiny_mo
     flac = JFK.read_bytes()
     with httpx.Client(base_url=server, timeout=60) as http:
         audio = _file(JFK)
-        _assert_error(
-            _post(http, {"file": ("notes.wav", b"not audio at all", "audio/wav")}, {"model": "whisper-1"}),
-            400,
-            param="file",
-            code="invalid_audio",
-            says="notes.wav",
-        )
-        _assert_error(
-            _post(http, {"file": ("cut.flac", flac[: len(flac) // 3], "audio/flac")}, {"model": "whisper-1"}),
-            400,
-            param="file",
-            says="truncated",
-        )
-        _assert_error(
-            _post(http, {"file": ("empty.wav", b"", "audio/wav")}, {"model": "whisper-1"}),
-            400,
-            param="file",
-            says="empty",
-        )
-        big = {"file": ("big.wav", b"\0" * (UPLOAD_LIMIT + 2**20), "audio/wav")}
-        _assert_error(_post(http, big, {"model": "whisper-1"}), 413, param="file", code="upload_too_large")
-        streamed = http.post(
-            TRANSCRIPTIONS,
-            content=_chunked_multipart(UPLOAD_LIMIT + 2**20),
-            headers={**auth(), "Content-Type": "multipart/form-data; boundary=whisperkvtestboundary"},
-        )
-        _assert_error(streamed, 413, code="upload_too_large")
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1", "beam": "5"}),
-            400,
-            param="beam",
-            code="unknown_parameter",
-            says="beam",
-        )
-        _assert_error(_post(http, audio, {"model": "whisper-1", "beam_size": "five"}), 400, param="beam_size")
-        _assert_error(_post(http, audio, {"model": "whisper-1", "beam_size": "0"}), 400, param="beam_size")
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1", "response_format": "xml"}), 400, param="response_format"
-        )
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1", "temperature": "1.5"}), 400, param="temperature"
-        )
-        _assert_error(_post(http, audio, {"model": "whisper-1", "language": "fr"}), 400, param="language")
-        _assert_error(_post(http, audio, {"model": "whisper-1", "language": "xx"}), 400, param="language")
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1", "timestamp_granularities[]": "word"}),
-            400,
-            param="timestamp_granularities",
-        )
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1"}, path="/v1/audio/translations"),
-            400,
-            param="model",
-            says="English-only",
-        )
-        _assert_error(
-            _post(http, audio, {"model": "gpt-4o-transcribe"}), 404, param="model", code="model_not_found"
-        )
-        _assert_error(_post(http, audio, {}), 400, param="model")
-        _assert_error(_post(http, None, {"model": "whisper-1"}), 400, param="file")
-        _assert_error(_post(http, audio, {"model": "whisper-1"}, headers={}), 401, code="invalid_api_key")
-        _assert_error(
-            _post(http, audio, {"model": "whisper-1"}, headers=auth("wrong")), 401, code="invalid_api_key"
-        )
-        _assert_error(http.get("/v1/nothing-here", headers=auth()), 404)
+        _assert_bad_uploads_refused(http, flac)
+        _assert_bad_fields_refused(http, audio)
         after = _post(http, audio, {"model": "whisper-1", "response_format": "text"})
     worker.join(300)
     torch.manual_seed(0)

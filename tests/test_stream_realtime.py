@@ -128,6 +128,76 @@ def jfk(speech_dir) -> np.ndarray:
     return load_audio(speech_dir / "en/jfk.flac")
 
 
+async def send_bad_frames(ws) -> None:
+    """Bad audio, an unknown event, bad JSON, a binary frame and bad session updates, one at a time: each
+    answered by an error event with its code and a message."""
+    bad = [
+        json.dumps({"type": "input_audio_buffer.append", "audio": "%%% not base64"}),
+        json.dumps(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}
+        ),
+        json.dumps({"type": "no.such.event"}),
+        "{not json",
+        b"\x00\x01",
+        json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 8000}}}}}),
+        json.dumps({"type": "session.update", "session": {"audio": "pcm"}}),
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"transcription": {"language": "fr"}}}},
+            }
+        ),
+    ]
+    codes = [
+        "invalid_audio",
+        "invalid_audio",
+        "unknown_event_type",
+        "invalid_json",
+        "invalid_frame",
+        "invalid_rate",
+        "invalid_value",
+        "invalid_language",
+    ]
+    for frame, code in zip(bad, codes, strict=True):
+        await ws.send(frame)
+        error = await next_event(ws)
+        assert error["type"] == "error" and error["error"]["code"] == code and error["error"]["message"]
+
+
+def assert_utterances(seen: list[dict]) -> tuple[list[dict], str]:
+    """The VAD's speech started before it stopped, the transcript within 25% word errors of jfk's, each
+    utterance's deltas adding up to its transcript. The completed events and the whole transcript."""
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
+    completed = [e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    transcript = " ".join(e["transcript"] for e in completed)
+    assert wer(JFK_TEXT, transcript) <= 0.25
+    for item in completed:  # each utterance's deltas add up to its transcript
+        deltas = [
+            e["delta"] for e in seen if e.get("item_id") == item["item_id"] and e["type"].endswith(".delta")
+        ]
+        assert "".join(deltas) == item["transcript"]
+    return completed, transcript
+
+
+def assert_served_as_in_process(
+    app, pieces: list[bytes], completed: list[dict], transcript: str, reuse_before: dict
+) -> None:
+    """The server's stream is the in-process one: the same words (exactly), the same reuse by provenance;
+    and /metrics adds the session's counts to what it had before."""
+    text, reuse = in_process_twin(app.state.model, pieces, 24000)
+    assert " ".join(transcript.split()) == " ".join(text.split())
+    served = completed[-1]["reuse"]
+    assert served == reuse and served["encodes"] < served["updates"]
+    assert served["accepted"]["encoder_output"] > 0 and served["accepted"]["prompt_self_kv"] > 0
+    counted = metric_values(app)  # /metrics adds each session's counts
+    for kind in ("encoder_output", "cross_kv", "prompt_self_kv"):
+        gained = counted[(kind, "accepted")] - reuse_before[(kind, "accepted")]
+        assert gained == served["accepted"][kind]
+    assert counted[("updates", "work")] - reuse_before[("updates", "work")] == served["updates"]
+
+
 def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server, app, jfk):
     audio_24k = np.interp(np.arange(0, len(jfk), 2 / 3), np.arange(len(jfk)), jfk).astype(np.float32)
     audio_24k = np.concatenate(
@@ -143,41 +213,7 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
             await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
             updated = await next_event(ws)
             assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
-            bad = [
-                json.dumps({"type": "input_audio_buffer.append", "audio": "%%% not base64"}),
-                json.dumps(
-                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}
-                ),
-                json.dumps({"type": "no.such.event"}),
-                "{not json",
-                b"\x00\x01",
-                json.dumps(
-                    {"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 8000}}}}}
-                ),
-                json.dumps({"type": "session.update", "session": {"audio": "pcm"}}),
-                json.dumps(
-                    {
-                        "type": "session.update",
-                        "session": {"audio": {"input": {"transcription": {"language": "fr"}}}},
-                    }
-                ),
-            ]
-            codes = [
-                "invalid_audio",
-                "invalid_audio",
-                "unknown_event_type",
-                "invalid_json",
-                "invalid_frame",
-                "invalid_rate",
-                "invalid_value",
-                "invalid_language",
-            ]
-            for frame, code in zip(bad, codes, strict=True):
-                await ws.send(frame)
-                error = await next_event(ws)
-                assert (
-                    error["type"] == "error" and error["error"]["code"] == code and error["error"]["message"]
-                )
+            await send_bad_frames(ws)
             for piece in pieces:
                 await ws.send(
                     json.dumps(
@@ -194,29 +230,8 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
     reuse_before = metric_values(app)
     seen = asyncio.run(talk())
     assert app.state.scheduler.stats()["steps_total"] > steps_before  # decoded by the server's scheduler
-    kinds = [e["type"] for e in seen]
-    assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
-    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
-    completed = [e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed"]
-    transcript = " ".join(e["transcript"] for e in completed)
-    assert wer(JFK_TEXT, transcript) <= 0.25
-    for item in completed:  # each utterance's deltas add up to its transcript
-        deltas = [
-            e["delta"] for e in seen if e.get("item_id") == item["item_id"] and e["type"].endswith(".delta")
-        ]
-        assert "".join(deltas) == item["transcript"]
-
-    # the server's stream is the in-process one: the same words (exactly), the same reuse by provenance
-    text, reuse = in_process_twin(app.state.model, pieces, 24000)
-    assert " ".join(transcript.split()) == " ".join(text.split())
-    served = completed[-1]["reuse"]
-    assert served == reuse and served["encodes"] < served["updates"]
-    assert served["accepted"]["encoder_output"] > 0 and served["accepted"]["prompt_self_kv"] > 0
-    counted = metric_values(app)  # /metrics adds each session's counts
-    for kind in ("encoder_output", "cross_kv", "prompt_self_kv"):
-        gained = counted[(kind, "accepted")] - reuse_before[(kind, "accepted")]
-        assert gained == served["accepted"][kind]
-    assert counted[("updates", "work")] - reuse_before[("updates", "work")] == served["updates"]
+    completed, transcript = assert_utterances(seen)
+    assert_served_as_in_process(app, pieces, completed, transcript, reuse_before)
 
 
 def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):
