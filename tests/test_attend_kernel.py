@@ -14,7 +14,7 @@ from tests.conftest import torch_threads
 from whisperkv.cpu import build
 from whisperkv.cpu.attend import AttendKernel, load_kernel
 from whisperkv.cpu.dot_attention import DotEncoderAttention
-from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_bfloat16_products, cpu_has_vector_rows
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
@@ -254,7 +254,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
     float32 = tiny_model.weights_digest
-    rows = ", linears kernel, final norm kernel" if cpu_has_avx512f() else ""  # where it is the faster
+    rows = ", linears kernel, final norm kernel" if cpu_has_vector_rows() else ""  # where it is the faster
     assert float32.endswith(f"+attention(decoder kernel{rows}, encoder sdpa)")
     assert float32.count("+attention(") == 1
     try:

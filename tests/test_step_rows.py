@@ -16,6 +16,7 @@ from torch import nn
 from tests.conftest import torch_threads
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.build import SOURCES, compile_library
+from whisperkv.cpu.flags import cpu_flags
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.step_rows import StepRowsKernel, load_step_rows
 
@@ -48,6 +49,19 @@ def plain_c_library(tmp_path_factory) -> ctypes.CDLL | None:
 @pytest.fixture(scope="module")
 def plain_c_kernel(plain_c_library) -> StepRowsKernel | None:
     return StepRowsKernel(plain_c_library) if plain_c_library is not None else None
+
+
+@pytest.fixture(scope="module")
+def avx2_kernel(tmp_path_factory) -> StepRowsKernel | None:
+    """``kernels/rows_f32.c`` built for AVX2 with FMA and F16C but not AVX-512 (its two-half path, the
+    one an AMD Zen 3 runs), where this CPU can run it; else None."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not {"avx2", "fma", "f16c"} <= cpu_flags():
+        return None
+    source = next(s for s in SOURCES if s.name == "rows_f32.c")
+    built = tmp_path_factory.mktemp("avx2") / "rows_avx2.so"
+    flags = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-mno-avx512f")
+    return StepRowsKernel(ctypes.CDLL(str(compile_library(compiler, built, flags, (source,)))))
 
 
 def _inputs(out: int, width: int, n: int, seed: int = 0):
@@ -104,6 +118,26 @@ def test_each_epilogue_equals_float64(kernel, plain_c_kernel, out, width):
                     assert got.shape == (n, out) and got.dtype == torch.float32
                     error = (got.double() - want).abs().max().item()
                     assert error < 2e-5, (name, n, use_norm, gelu, use_residual, use_bias, error)
+
+
+@pytest.mark.parametrize("out, width", SHAPES)
+def test_the_avx2_build_gives_the_librarys_bits_and_the_plain_c_builds(
+    kernel, avx2_kernel, plain_c_kernel, out, width
+):
+    """Every vector path sums in one order (16 lanes of fused multiply-adds, one reduction tree): the
+    AVX2 build's outputs, float32 or float16 weights, 1-7 rows, are the library's bits (AVX-512 where
+    the CPU has it) and the plain-C build's."""
+    if avx2_kernel is None or plain_c_kernel is None:
+        pytest.skip("this CPU does not run AVX2 with FMA and F16C, or no C compiler")
+    with torch.no_grad():
+        for n in (1, 2, 5, 7):
+            x, weight, bias, norm, residual = _inputs(out, width, n, seed=n)
+            for w in (weight, weight.half()):
+                for gelu in (False, True):
+                    how = dict(bias=bias, norm=norm, gelu=gelu, residual=residual)
+                    want = kernel(x, w, **how)
+                    assert torch.equal(avx2_kernel(x, w, **how), want), (n, w.dtype, gelu)
+                    assert torch.equal(plain_c_kernel(x, w, **how), want), (n, w.dtype, gelu)
 
 
 def test_a_rows_bits_depend_on_nothing_beside_it(kernel, plain_c_kernel):

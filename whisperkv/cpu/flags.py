@@ -31,9 +31,15 @@ def cpu_has_amx_bf16() -> bool:
 
 
 def cpu_has_avx512f() -> bool:
-    """True when the float32 step kernels' 512-bit paths run here (without them their plain C loops
-    are slower than PyTorch's GEMMs: ``cpu/plan.py``)."""
+    """True when the float32 step kernels' 512-bit paths run here."""
     return "avx512f" in cpu_flags()
+
+
+def cpu_has_vector_rows() -> bool:
+    """True when the float32 rows kernel (``kernels/rows_f32.c``) runs vectorised here: AVX-512, or
+    AVX2 with FMA and F16C (its two-half path, the same bits). Elsewhere its plain C loops are slower
+    than PyTorch's GEMMs (``cpu/plan.py``)."""
+    return cpu_has_avx512f() or {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 def cpu_has_avx512_vnni() -> bool:

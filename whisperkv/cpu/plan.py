@@ -19,7 +19,7 @@ from whisperkv.cpu import reorder as layer_reorder
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.bf16_step import Bf16StepRows, use_bf16_step
 from whisperkv.cpu.dot_attention import DotEncoderAttention
-from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_avx512f, cpu_has_bfloat16_products
+from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_bfloat16_products, cpu_has_vector_rows
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.int8_decoder_step import use_int8_step
 from whisperkv.cpu.int8_encoder import Bfloat16Front, Int8EncoderBlock
@@ -144,9 +144,10 @@ def use_attention_kernels(
 
     ``rows`` (float32, with the kernel): each linear of a decoder step, with its LayerNorm, bias, GELU and
     residual, in one C call (``cpu/step_rows.py``); ``rows=False`` keeps the row GEMMs, its slow twin.
-    ``rows=None`` (the default) takes the kernel where the CPU has AVX-512 only: its plain C loops
-    elsewhere are slower than the GEMMs (2-core AVX2 EPYC, tiny.en, an engine step of one row: 62 ms
-    through the kernel, 14 ms through the row GEMMs; ``benchmarks/profile_step.py``).
+    ``rows=None`` (the default) takes the kernel where it runs vectorised (AVX-512, or AVX2 with FMA and
+    F16C: ``flags.cpu_has_vector_rows``); its plain C loops elsewhere are slower than the GEMMs (2-core
+    AVX2 EPYC, tiny.en, an engine step of one row: 62 ms through the plain loops, 9.1 ms through the
+    row GEMMs, 3.4 ms through the AVX2 path; ``benchmarks/profile_step.py``).
     The digest names it too ("linears kernel"; "final norm kernel": the LayerNorm before the vocabulary
     is the kernel's too, ``TextDecoder._logits``)."""
     int8, bf16 = model.compute_type == "int8", model.compute_type == "bfloat16"
@@ -163,7 +164,7 @@ def use_attention_kernels(
     # the step's linears and vocabulary: the kernels, or the row GEMMs (float32) / PyTorch between the
     # int8 kernels, their twins
     if rows is None:
-        rows = approx or cpu_has_avx512f()
+        rows = approx or cpu_has_vector_rows()
     use = use_int8_step if int8 else use_bf16_step if bf16 else use_step_rows
     step_rows = use(model.decoder, on=kernel is not None and rows)
     caches = approx and kernel is not None and bfloat16_caches
