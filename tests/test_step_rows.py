@@ -16,7 +16,7 @@ from torch import nn
 from tests.conftest import torch_threads
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.build import SOURCES, compile_library
-from whisperkv.cpu.flags import cpu_flags
+from whisperkv.cpu.flags import cpu_has_avx2_fma_f16c
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.step_rows import StepRowsKernel, load_step_rows
 
@@ -33,17 +33,23 @@ def kernel() -> StepRowsKernel:
     return built
 
 
-@pytest.fixture(scope="module")
-def plain_c_library(tmp_path_factory) -> ctypes.CDLL | None:
-    """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None: built once
-    for the module's tests."""
+def _rows_f32_build(tmp_path_factory, name: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """``kernels/rows_f32.c`` alone, built with ``flags`` into a library of its own, or None without a
+    C compiler."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
     source = next(s for s in SOURCES if s.name == "rows_f32.c")
-    built = tmp_path_factory.mktemp("plain") / "rows_plain.so"
-    flags = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-mno-avx512f")
+    built = tmp_path_factory.mktemp(name) / f"rows_{name}.so"
     return ctypes.CDLL(str(compile_library(compiler, built, flags, (source,))))
+
+
+@pytest.fixture(scope="module")
+def plain_c_library(tmp_path_factory) -> ctypes.CDLL | None:
+    """``kernels/rows_f32.c`` built without AVX-512 (its one-lane-at-a-time loops), or None: built once
+    for the module's tests."""
+    flags = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-mno-avx512f")
+    return _rows_f32_build(tmp_path_factory, "plain", flags)
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +61,11 @@ def plain_c_kernel(plain_c_library) -> StepRowsKernel | None:
 def avx2_kernel(tmp_path_factory) -> StepRowsKernel | None:
     """``kernels/rows_f32.c`` built for AVX2 with FMA and F16C but not AVX-512 (its two-half path, the
     one an AMD Zen 3 runs), where this CPU can run it; else None."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or not {"avx2", "fma", "f16c"} <= cpu_flags():
+    if not cpu_has_avx2_fma_f16c():
         return None
-    source = next(s for s in SOURCES if s.name == "rows_f32.c")
-    built = tmp_path_factory.mktemp("avx2") / "rows_avx2.so"
     flags = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-mno-avx512f")
-    return StepRowsKernel(ctypes.CDLL(str(compile_library(compiler, built, flags, (source,)))))
+    library = _rows_f32_build(tmp_path_factory, "avx2", flags)
+    return StepRowsKernel(library) if library is not None else None
 
 
 def _inputs(out: int, width: int, n: int, seed: int = 0):

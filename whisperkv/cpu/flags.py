@@ -35,11 +35,16 @@ def cpu_has_avx512f() -> bool:
     return "avx512f" in cpu_flags()
 
 
+def cpu_has_avx2_fma_f16c() -> bool:
+    """True when the float32 rows kernel's AVX2 path (two 8-lane halves a vector) runs here."""
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
 def cpu_has_vector_rows() -> bool:
     """True when the float32 rows kernel (``kernels/rows_f32.c``) runs vectorised here: AVX-512, or
     AVX2 with FMA and F16C (its two-half path, the same bits). Elsewhere its plain C loops are slower
     than PyTorch's GEMMs (``cpu/plan.py``)."""
-    return cpu_has_avx512f() or {"avx2", "fma", "f16c"} <= cpu_flags()
+    return cpu_has_avx512f() or cpu_has_avx2_fma_f16c()
 
 
 def cpu_has_avx512_vnni() -> bool:
