@@ -102,7 +102,7 @@ def linears(width: int, repeats: int) -> None:
 
 def encoders(dims: ModelDims, repeats: int) -> None:
     if load_rows_kernel() is None:
-        print("\nno int8 rows kernel here (no compiler, or no AVX512-VNNI): the encoder table is skipped")
+        print("\nno int8 rows kernel here (no compiler, or neither AVX512-VNNI nor AVX2): no encoder table")
         return
     mel = torch.randn(1, dims.n_mels, 2 * POSITIONS, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

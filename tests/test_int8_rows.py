@@ -10,7 +10,8 @@ import torch
 
 from tests.conftest import torch_threads
 from whisperkv.cpu import int8_rows
-from whisperkv.cpu.flags import cpu_has_avx512_vnni
+from whisperkv.cpu.build import FLAGS, SOURCES, compile_library
+from whisperkv.cpu.flags import cpu_has_avx2
 from whisperkv.cpu.int8_linear import Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 
@@ -21,10 +22,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kernel() -> Int8RowsKernel:
-    if not cpu_has_avx512_vnni():
-        pytest.skip("no AVX512-VNNI: the int8 type keeps fbgemm here")
     built = load_rows_kernel()
-    assert built is not None, "a C compiler and AVX512-VNNI are here, so the kernel must build"
+    if built is None:
+        pytest.skip("neither AVX512-VNNI nor AVX2: the int8 type keeps fbgemm here")
     return built
 
 
@@ -85,9 +85,10 @@ def test_widths_it_cannot_take_keep_fbgemm(kernel):
         kernel.pack(torch.zeros(16, 6, dtype=torch.int8))
 
 
-def test_without_avx512_vnni_fbgemm_is_kept(monkeypatch):
+def test_without_avx512_vnni_or_avx2_fbgemm_is_kept(monkeypatch):
     """The plain C loops give the same bits but are slower than fbgemm there: no kernel is offered."""
     monkeypatch.setattr(int8_rows, "cpu_has_avx512_vnni", lambda: False)
+    monkeypatch.setattr(int8_rows, "cpu_has_avx2", lambda: False)
     assert load_rows_kernel() is None
 
 
@@ -102,28 +103,38 @@ def test_the_int8_model_uses_it_and_names_it(kernel, int8_model):
     assert "decoder rows kernel" in int8_model.weights_digest
 
 
-def test_the_plain_c_path_gives_the_vnni_paths_numbers(kernel, tmp_path):
-    """Without AVX512-VNNI (an AVX2 machine) the same packed layout runs through plain C loops: the same
-    integer sums, so the same bits. Built here with VNNI turned off and compared with the library in use."""
+def _int8_rows_build(tmp_path, name: str, no: tuple[str, ...]) -> Int8RowsKernel:
+    """``kernels/int8_rows.c`` (with ``rows_f32.c``, whose GELU and LayerNorm it calls) built with the
+    library's flags less OpenMP (one thread: the sums do not depend on it anyway) and ``no``."""
     import ctypes
 
-    from whisperkv.cpu.build import FLAGS, compile_library
-    from whisperkv.cpu.int8_rows import Int8RowsKernel
-
     compiler = shutil.which("cc") or shutil.which("gcc")
-    flags = [f for f in FLAGS if f != "-fopenmp"]  # one thread: the sums do not depend on it anyway
-    flags += ["-mno-avx512vnni", "-mno-amx-int8"]  # nor AMX's tiles (which need VNNI's layout only)
-    plain = compile_library(compiler, tmp_path / "plain.so", tuple(flags))
-    slow = Int8RowsKernel(ctypes.CDLL(str(plain)))
+    flags = tuple(f for f in FLAGS if f != "-fopenmp") + no
+    sources = tuple(s for s in SOURCES if s.name in ("int8_rows.c", "rows_f32.c"))
+    built = compile_library(compiler, tmp_path / f"int8_{name}.so", flags, sources)
+    return Int8RowsKernel(ctypes.CDLL(str(built)))
+
+
+def test_the_plain_c_and_avx2_paths_give_the_librarys_numbers(kernel, tmp_path):
+    """Without AVX512-VNNI the same packed layout runs through AVX2's 16-bit products
+    (``kernels/int8_avx2.h``) or, without AVX2 too, plain C loops: the same integer sums, so the same
+    bits. Both built here (AVX2 where this CPU runs it) and compared with the library in use."""
+    plain = _int8_rows_build(tmp_path, "plain", ("-mno-avx2", "-mno-avx512f", "-mno-amx-int8"))
+    builds = [plain]
+    if cpu_has_avx2():  # AVX2 without AVX-512 (nor VNNI, nor AMX's tiles, which need VNNI's layout)
+        builds.append(_int8_rows_build(tmp_path, "avx2", ("-mavx2", "-mno-avx512f", "-mno-amx-int8")))
     # 1-10 rows: each group size the VNNI path splits a step's rows into (1-8 rows, several chains a
-    # row), then 21 (a full block of 16, and 5); widths of 24 and 25 dot-product steps (a split's tail)
+    # row) and the AVX2 path's pairs and odd last row, then 21 (a full block of 16, and 5); widths of
+    # 24 and 25 dot-product steps (a split's tail); outputs not a multiple of 16
     for width in (96, 100):
         weight, bias = _layer(100, width)
-        fast_layer, slow_layer = Int8Linear(weight, bias, kernel), Int8Linear(weight, bias, slow)
-        assert torch.equal(fast_layer._packed, slow_layer._packed)
-        x = torch.randn(21, width, generator=torch.Generator().manual_seed(5))
-        for rows in (*range(1, 11), 21):
-            assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)
+        fast_layer = Int8Linear(weight, bias, kernel)
+        x = torch.randn(21, width, generator=torch.Generator().manual_seed(5)) * 3
+        for slow in builds:
+            slow_layer = Int8Linear(weight, bias, slow)
+            assert torch.equal(fast_layer._packed, slow_layer._packed)
+            for rows in (*range(1, 11), 21):
+                assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)
 
 
 def test_amx_products_are_the_vnni_products(kernel):

@@ -40,7 +40,9 @@ SOURCES = tuple(
     + ("bf16_rows.c", "bf16_block_step.c", "encoder_attend_dot.c")
 )
 #: what the sources include: part of the built library's name, so a change to it rebuilds
-HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("amx.h", "avx512_math.h"))
+HEADERS = tuple(
+    Path(__file__).with_name("kernels") / name for name in ("amx.h", "avx512_math.h", "int8_avx2.h")
+)
 #: ``-mprefer-vector-width=512``: gcc vectorises the plain C loops (a softmax's sums, the twins' dot
 #: products) 512 bits wide on every AVX-512 CPU. Without it the width followed what ``-march=native``
 #: named the CPU: a VM whose CPU gcc 12 took for a Rocket Lake got 256-bit loops (its tuning), one it did

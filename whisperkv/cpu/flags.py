@@ -35,6 +35,11 @@ def cpu_has_avx512f() -> bool:
     return "avx512f" in cpu_flags()
 
 
+def cpu_has_avx2() -> bool:
+    """True when the int8 rows kernel's AVX2 path (16-bit products, ``kernels/int8_avx2.h``) runs here."""
+    return "avx2" in cpu_flags()
+
+
 def cpu_has_avx2_fma_f16c() -> bool:
     """True when the float32 rows kernel's AVX2 path (two 8-lane halves a vector) runs here."""
     return {"avx2", "fma", "f16c"} <= cpu_flags()

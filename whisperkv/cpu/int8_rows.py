@@ -10,8 +10,11 @@ Where the CPU has AMX and the system lets the process use its tiles, calls of a 
 beam-5 step, a batch of windows) multiply through AMX's int8 tiles instead of VNNI's dot products: the
 same integer sums, so the same bits (tested); ``amx`` says which this process gets.
 
-Built with the attention kernel into one library (``cpu/attend.py``): no compiler, or no
-AVX512-VNNI, no kernel, and ``Int8Linear`` keeps fbgemm.
+Built with the attention kernel into one library (``cpu/attend.py``). Without AVX512-VNNI but with
+AVX2 the same layout multiplies through 16-bit products (``kernels/int8_avx2.h``): the same integer
+sums, the same bits; a step's few rows gain (tiny.en, an engine step of one row on a 2-core AMD EPYC
+Zen 3: 4.3 ms with fbgemm, 1.6 ms through it), a window's 1,500 do not (``cpu/quantize.py``:
+``encoder_choice``). No compiler, or neither, no kernel, and ``Int8Linear`` keeps fbgemm.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import ctypes
 import torch
 
 from whisperkv.cpu.attend import load_kernel
-from whisperkv.cpu.flags import cpu_has_avx512_vnni
+from whisperkv.cpu.flags import cpu_has_avx2, cpu_has_avx512_vnni
 
 LANES = 16  # output rows per packed block (LANES in int8_rows.c)
 MAX_IN = 5120  # widest input it takes (MAXIN)
@@ -111,10 +114,10 @@ class Int8RowsKernel:
 
 def load_rows_kernel() -> Int8RowsKernel | None:
     """The kernel, from the library ``load_kernel`` builds; None where it cannot be built, or where the
-    CPU lacks AVX512-VNNI: there its plain C loops give the same bits but are slower than fbgemm
-    (scratch, built for AVX2 and run here: 46 against 19 µs for a 1152 x 384 product of one row, 1.4
+    CPU has neither AVX512-VNNI nor AVX2 (``kernels/int8_avx2.h``): there its plain C loops give the
+    same bits but are slower than fbgemm (46 against 19 µs for a 1152 x 384 product of one row, 1.4
     against 0.08 ms at 40 rows), so ``Int8Linear`` keeps fbgemm."""
-    if not cpu_has_avx512_vnni():
+    if not (cpu_has_avx512_vnni() or cpu_has_avx2()):
         return None
     built = load_kernel()
     return Int8RowsKernel(built.library) if built is not None else None

@@ -5,8 +5,8 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
 
 * every linear layer of the decoder, and the tied vocabulary projection, keeps its weights as int8
   with one scale per output row (``Int8Linear``); activations are quantised on the fly: each row on
-  its own through the C rows kernel (``cpu/int8_rows.py``) on a CPU with AVX512-VNNI, all the rows
-  of a call with one scale through fbgemm elsewhere.
+  its own through the C rows kernel (``cpu/int8_rows.py``) on a CPU with AVX512-VNNI or AVX2, all the
+  rows of a call with one scale through fbgemm elsewhere.
   A one-token decoder step reads every weight once, so its time follows the bytes read: the
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
   value projections where the encoder is bfloat16: they run once per window over 1,500 positions
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from whisperkv.cpu.block_conversion import part_converted, widen_float16
-from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16
+from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16, cpu_has_avx512_vnni
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
@@ -77,8 +77,9 @@ def _replace_linears(
 def encoder_choice(kernel: Int8RowsKernel | None) -> str:
     """The int8 type's encoder on this CPU: ``bfloat16`` in AMX's tiles; else ``int8 rows``, its linears
     through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions quantised on its
-    own, as a decoder step's rows are) where that builds; else ``bfloat16`` where the CPU multiplies it
-    natively (AVX512-BF16); else ``int8`` (fbgemm).
+    own, as a decoder step's rows are) where that builds with VNNI (its AVX2 path's 16-bit products
+    took 343 ms a tiny.en window against fbgemm's 210, 2-core AMD EPYC Zen 3); else ``bfloat16``
+    where the CPU multiplies it natively (AVX512-BF16); else ``int8`` (fbgemm).
 
     Why int8 before bfloat16 without AMX: AVX512-VNNI does twice the products of AVX512-BF16 an
     instruction. At large-v3-turbo's width (1,500 positions, 1280 -> 5120 and 5120 -> 1280) the rows
@@ -87,7 +88,7 @@ def encoder_choice(kernel: Int8RowsKernel | None) -> str:
     tiny.en's words: 163 errors against bfloat16's 170 in 2,288 (``benchmarks/int8_variants.py``)."""
     if cpu_has_amx_bf16() and cpu_has_fast_bfloat16():
         return "bfloat16"
-    if kernel is not None:
+    if kernel is not None and cpu_has_avx512_vnni():
         return "int8 rows"
     return "bfloat16" if cpu_has_fast_bfloat16() else "int8"
 

@@ -10,8 +10,9 @@
  *
  * Because each row has its own scale, a row's numbers depend neither on the other rows in the call
  * (fbgemm's did: one scale for them all) nor on the thread count (each output is one integer sum).
- * Without AVX512-VNNI the same layout runs through plain C loops: the same integers, the same result
- * (tested), but slower than fbgemm, so cpu/int8_rows.py offers the kernel only where VNNI is.
+ * Without AVX512-VNNI but with AVX2 the same layout runs through int8_avx2.h (16-bit products, exact);
+ * without either, through plain C loops: the same integers, the same result (tested). The plain loops
+ * are slower than fbgemm, so cpu/int8_rows.py offers the kernel only where VNNI or AVX2 is.
  * Where the CPU has AMX (Intel's tile unit), calls of AMX_MIN_ROWS rows or more multiply 16 rows by 16
  * outputs by 64 inputs in one instruction (tdpbusd) on the same layout: a block's 16 lanes x 4 inputs
  * per 64-byte line is the layout a tile of weights wants. Integer sums: the same bits as VNNI (tested
@@ -25,6 +26,10 @@
 #include <immintrin.h>
 #endif
 #include "amx.h"
+#if !(defined(__AVX512F__) && defined(__AVX512VNNI__)) && defined(__AVX2__)
+#define WKV_INT8_AVX2 1
+#include "int8_avx2.h"
+#endif
 #if defined(WKV_AMX_TILES) && defined(__AMX_INT8__)
 #define WKV_AMX 1
 #endif
@@ -161,6 +166,8 @@ static void block_sums(const uint8_t *xq, long stride, long n, long in, const in
         }
         r += g;
     }
+#elif defined(WKV_INT8_AVX2)
+    avx2_block_sums(xq, stride, n, in, block, sums);
 #else
     for (long r = 0; r < n; r++) {
         int32_t acc[LANES] = {0};
