@@ -135,6 +135,17 @@ def test_the_plain_c_and_avx2_paths_give_the_librarys_numbers(kernel, tmp_path):
             assert torch.equal(fast_layer._packed, slow_layer._packed)
             for rows in (*range(1, 11), 21):
                 assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)
+    # the largest sums the widest input can make: every input quantised to 255, every weight to +-127
+    # (a row of ones, rows of +-1): 255 x 127 x 5120 = 165,811,200 each, exact in 32 bits, where
+    # AVX2's byte product (vpmaddubsw) would saturate every pair at 32,767
+    width = int8_rows.MAX_IN
+    weight = torch.ones(32, width) * torch.tensor([1.0, -1.0]).repeat(16)[:, None]
+    for slow in builds:
+        y = Int8Linear(weight, None, slow)(torch.ones(3, width))
+        assert torch.equal(y, Int8Linear(weight, None, kernel)(torch.ones(3, width)))
+        # the scales' float rounding aside (255 x 1/255 x 127 x 1/127 is not exactly 1): a saturated
+        # sum would be about half
+        assert torch.allclose(y, torch.tensor([float(width), -float(width)]).repeat(3, 16), rtol=1e-6)
 
 
 def test_amx_products_are_the_vnni_products(kernel):
