@@ -14,7 +14,12 @@ from tests.conftest import torch_threads
 from whisperkv.cpu import build
 from whisperkv.cpu.attend import AttendKernel, load_kernel
 from whisperkv.cpu.dot_attention import DotEncoderAttention
-from whisperkv.cpu.flags import cpu_has_amx_bf16, cpu_has_bfloat16_products, cpu_has_vector_rows
+from whisperkv.cpu.flags import (
+    cpu_has_amx_bf16,
+    cpu_has_avx2_fma_f16c,
+    cpu_has_bfloat16_products,
+    cpu_has_vector_rows,
+)
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
@@ -360,22 +365,33 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, k
     assert int8_model.weights_digest == digest
 
 
-def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):
-    """With AVX-512 the scores of 16 keys at a time and the weighted values of 4 rows at a time run in
-    registers (``kernels/attend.c``); built with ``WKV_PLAIN_ATTEND`` (the same flags otherwise) the plain
-    loops run alone: the same bits, float32 and bfloat16 caches, 1-16 rows, positions in whole blocks of
-    16, with a tail, and fewer than 16."""
+def _attend_build(tmp_path, name: str, flags: tuple[str, ...]) -> AttendKernel:
+    """``kernels/attend.c`` alone, built with ``flags``."""
     import ctypes
 
-    from whisperkv.cpu.build import FLAGS, compile_library
-
     compiler = shutil.which("cc") or shutil.which("gcc")
-    plain = compile_library(compiler, tmp_path / "plain.so", (*FLAGS, "-DWKV_PLAIN_ATTEND"))
-    twin = AttendKernel(ctypes.CDLL(str(plain)), plain)
-    for dtype in (torch.float32, torch.bfloat16):
-        for windows, beams, positions in ((1, 1, 1), (1, 5, 15), (2, 5, 1500), (1, 16, 449), (3, 3, 64)):
-            key, value = _cache(windows, positions, seed=positions)
-            key, value = key.to(dtype), value.to(dtype)
-            g = torch.Generator().manual_seed(beams)
-            q = torch.randn(windows * beams, 1, WIDTH, generator=g) * 4
-            assert torch.equal(kernel(q, key, value), twin(q, key, value)), (dtype, windows, beams, positions)
+    source = next(s for s in build.SOURCES if s.name == "attend.c")
+    path = build.compile_library(compiler, tmp_path / f"attend_{name}.so", flags, (source,))
+    return AttendKernel(ctypes.CDLL(str(path)), path)
+
+
+def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):
+    """With AVX-512 the scores of 16 keys at a time and the weighted values of 4 rows at a time run in
+    registers, with AVX2 the weighted values of one row at a time (``kernels/attend.c``); built with
+    ``WKV_PLAIN_ATTEND`` (the same flags otherwise) the plain loops run alone: the same bits, float32 and
+    bfloat16 caches, 1-16 rows, positions in whole blocks of 16, with a tail, and fewer than 16. The
+    AVX2 build is checked too wherever this CPU runs it (an AVX-512 CPU as well)."""
+    pairs = [(kernel, _attend_build(tmp_path, "plain", (*build.FLAGS, "-DWKV_PLAIN_ATTEND")))]
+    if cpu_has_avx2_fma_f16c():
+        avx2 = (*build.FLAGS, "-mno-avx512f")
+        plain = _attend_build(tmp_path, "avx2_plain", (*avx2, "-DWKV_PLAIN_ATTEND"))
+        pairs.append((_attend_build(tmp_path, "avx2", avx2), plain))
+    for fast, twin in pairs:
+        for dtype in (torch.float32, torch.bfloat16):
+            for windows, beams, positions in ((1, 1, 1), (1, 5, 15), (2, 5, 1500), (1, 16, 449), (3, 3, 64)):
+                key, value = _cache(windows, positions, seed=positions)
+                key, value = key.to(dtype), value.to(dtype)
+                g = torch.Generator().manual_seed(beams)
+                q = torch.randn(windows * beams, 1, WIDTH, generator=g) * 4
+                got, want = fast(q, key, value), twin(q, key, value)
+                assert torch.equal(got, want), (dtype, windows, beams, positions)
