@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import ctypes
 import importlib
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +54,19 @@ def require_oracle(module: str) -> ModuleType:
         if running_in_ci():
             pytest.fail(f"{reason}; CI is set, so a missing oracle fails the run", pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+def kernel_variant(path: Path, flags: tuple[str, ...], *names: str) -> ctypes.CDLL | None:
+    """The ``cpu/kernels`` sources ``names`` alone, compiled with ``flags`` into a library at ``path``
+    and loaded: another build of a kernel (plain C, AVX2) to hold the library in use to. None without
+    a C compiler."""
+    from whisperkv.cpu.build import SOURCES, compile_library
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    sources = tuple(s for s in SOURCES if s.name in names)
+    return ctypes.CDLL(str(compile_library(compiler, path, flags, sources)))
 
 
 @contextmanager

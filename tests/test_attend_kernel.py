@@ -10,7 +10,7 @@ import tempfile
 import pytest
 import torch
 
-from tests.conftest import torch_threads
+from tests.conftest import kernel_variant, torch_threads
 from whisperkv.cpu import build
 from whisperkv.cpu.attend import AttendKernel, load_kernel
 from whisperkv.cpu.dot_attention import DotEncoderAttention
@@ -367,12 +367,8 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, k
 
 def _attend_build(tmp_path, name: str, flags: tuple[str, ...]) -> AttendKernel:
     """``kernels/attend.c`` alone, built with ``flags``."""
-    import ctypes
-
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    source = next(s for s in build.SOURCES if s.name == "attend.c")
-    path = build.compile_library(compiler, tmp_path / f"attend_{name}.so", flags, (source,))
-    return AttendKernel(ctypes.CDLL(str(path)), path)
+    path = tmp_path / f"attend_{name}.so"
+    return AttendKernel(kernel_variant(path, flags, "attend.c"), path)
 
 
 def test_the_register_loops_give_the_plain_loops_bits(kernel, tmp_path):

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import torch_threads
+from tests.conftest import kernel_variant, torch_threads
 from whisperkv.cpu import int8_rows
-from whisperkv.cpu.build import FLAGS, SOURCES, compile_library
+from whisperkv.cpu.build import FLAGS
 from whisperkv.cpu.flags import cpu_has_avx2, cpu_has_avx512_vnni
 from whisperkv.cpu.int8_linear import Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
@@ -107,13 +107,8 @@ def test_the_int8_model_uses_it_and_names_it(kernel, int8_model):
 def _int8_rows_build(tmp_path, name: str, extra: tuple[str, ...]) -> Int8RowsKernel:
     """``kernels/int8_rows.c`` (with ``rows_f32.c``, whose GELU and LayerNorm it calls) built with the
     library's flags less OpenMP (one thread: the sums do not depend on it anyway), then ``extra``."""
-    import ctypes
-
-    compiler = shutil.which("cc") or shutil.which("gcc")
     flags = tuple(f for f in FLAGS if f != "-fopenmp") + extra
-    sources = tuple(s for s in SOURCES if s.name in ("int8_rows.c", "rows_f32.c"))
-    built = compile_library(compiler, tmp_path / f"int8_{name}.so", flags, sources)
-    return Int8RowsKernel(ctypes.CDLL(str(built)))
+    return Int8RowsKernel(kernel_variant(tmp_path / f"int8_{name}.so", flags, "int8_rows.c", "rows_f32.c"))
 
 
 def test_the_plain_c_and_avx2_paths_give_the_librarys_numbers(kernel, tmp_path):

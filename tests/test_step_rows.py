@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import ctypes
 import math
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.conftest import torch_threads
+from tests.conftest import kernel_variant, torch_threads
 from whisperkv.cpu.attend import load_kernel
-from whisperkv.cpu.build import SOURCES, compile_library
 from whisperkv.cpu.flags import cpu_has_avx2_fma_f16c
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.step_rows import StepRowsKernel, load_step_rows
@@ -36,12 +34,7 @@ def kernel() -> StepRowsKernel:
 def _rows_f32_build(tmp_path_factory, name: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     """``kernels/rows_f32.c`` alone, built with ``flags`` into a library of its own, or None without a
     C compiler."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    source = next(s for s in SOURCES if s.name == "rows_f32.c")
-    built = tmp_path_factory.mktemp(name) / f"rows_{name}.so"
-    return ctypes.CDLL(str(compile_library(compiler, built, flags, (source,))))
+    return kernel_variant(tmp_path_factory.mktemp(name) / f"rows_{name}.so", flags, "rows_f32.c")
 
 
 @pytest.fixture(scope="module")
