@@ -53,7 +53,8 @@ static void avx2_block_sums(const uint8_t *xq, long stride, long n, long in, con
                             int32_t sums[][16])
 {
     long r = 0;
-    for (; r + AVX2_GROUP <= n; r += AVX2_GROUP) avx2_group_sums(xq + r * stride, stride, in, block, sums + r, 2);
+    for (; r + AVX2_GROUP <= n; r += AVX2_GROUP)
+        avx2_group_sums(xq + r * stride, stride, in, block, sums + r, AVX2_GROUP);
     if (r < n) avx2_group_sums(xq + r * stride, stride, in, block, sums + r, 1);
 }
 #endif
