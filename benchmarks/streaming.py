@@ -80,7 +80,14 @@ class ArraySource:
         return out
 
 
-def stream_run(model, audio: np.ndarray, chunk: float, naive: bool, fixed_cost: float | None) -> dict:
+def stream_run(
+    model,
+    audio: np.ndarray,
+    chunk: float,
+    naive: bool,
+    fixed_cost: float | None,
+    confident: float | None = None,
+) -> dict:
     """One stream of ``audio``: its text, compute, per-word latencies, first commit, reuse."""
     from whisperkv.stream.clock import SimulatedClock
     from whisperkv.stream.local_decoder import LocalDecoder
@@ -90,7 +97,7 @@ def stream_run(model, audio: np.ndarray, chunk: float, naive: bool, fixed_cost: 
 
     decoder = LocalDecoder(model, naive_reuse=naive)
     decoder.record = [] if naive else None
-    session = StreamingSession(decoder, vad=SpeechDetector())
+    session = StreamingSession(decoder, vad=SpeechDetector(), confident=confident)
     clock = SimulatedClock(fixed_cost)
     latencies, first, first_end = [], None, None
     for event in run_stream(ArraySource(audio), session, clock, chunk):
@@ -137,7 +144,9 @@ def child(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         run = {"text": model.transcribe(audio)["text"], "compute": time.perf_counter() - t0}
     else:
-        run = stream_run(model, audio, args.chunk, args.child == "naive", args.simulate_compute)
+        run = stream_run(
+            model, audio, args.chunk, args.child == "naive", args.simulate_compute, args.confident
+        )
     run["load_average"] = os.getloadavg()[0]
     print(json.dumps(run))
     return 0
@@ -150,6 +159,8 @@ def in_own_process(args: argparse.Namespace, kind: str, name: str) -> dict:
         argv += ["--seconds", str(args.seconds)]
     if args.simulate_compute is not None:
         argv += ["--simulate_compute", str(args.simulate_compute)]
+    if args.confident is not None:
+        argv += ["--confident", str(args.confident)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} run of {name} failed:\n{done.stderr[-3000:]}")
@@ -254,6 +265,13 @@ def main() -> int:
         help="clock cost per update instead of the measured time (policy tuning on a busy machine)",
     )
     p.add_argument("--naive", action="store_true", help="also run the naive-reuse path")
+    p.add_argument(
+        "--confident",
+        type=float,
+        default=None,
+        metavar="P",
+        help="also commit a word at its first hearing at probability >= P (whisperkv stream --confident)",
+    )
     p.add_argument("--child", choices=("offline", "stream", "naive"), help=argparse.SUPPRESS)
     p.add_argument("--child_input", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -266,7 +284,9 @@ def main() -> int:
     clock = "measured compute" if args.simulate_compute is None else f"{args.simulate_compute:g} s per update"
     ref = "offline transcribe() (cut files)" if args.seconds else "the manifest's references"
     kind = "" if args.compute_type == "default" else f" {args.compute_type}"
-    print(f"{args.model}{kind}, {args.chunk:g} s chunks, clock: {clock}; WER against {ref}", flush=True)
+    policy = "LocalAgreement-2" + (f", confident >= {args.confident:g}" if args.confident else "")
+    print(f"{args.model}{kind}, {args.chunk:g} s chunks, {policy}; clock: {clock}", flush=True)
+    print(f"WER against {ref}", flush=True)
     files = inputs(args.seconds)
     wanted = args.files.split(",") if args.files else list(files)
     rows, latencies = [], []

@@ -15,6 +15,8 @@ at every event; commit times never go back.
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -86,10 +88,11 @@ class TimelineDecoder:
             if s >= b1:
                 break
             if e > b1:  # still being said: misheard, differently as more of it is heard
-                out.append(Word(f" {text[0]}-{round((b1 - s) * 100)}", s - b0, b1 - b0))
+                # heard as sure (0.99), the worst case for ``confident``: only its end keeps it pending
+                out.append(Word(f" {text[0]}-{round((b1 - s) * 100)}", s - b0, b1 - b0, 0.99))
                 break
             d = jitter(i, b0)
-            out.append(Word(" " + plain(text), max(0.0, s - b0 + d), e - b0 + d))
+            out.append(Word(" " + plain(text), max(0.0, s - b0 + d), e - b0 + d, 0.9))
             if text.endswith("|"):
                 ends.append(max(0.0, e - b0 - 0.3))  # the timestamp falls inside the last word
                 counts.append(len(out))
@@ -136,21 +139,31 @@ class ScriptVAD:
 
 
 def stream_script(
-    compute: float, chunk: float, vad: bool, trim_after: float = 6.0, max_buffer: float = 25.0
+    compute: float,
+    chunk: float,
+    vad: bool,
+    trim_after: float = 6.0,
+    max_buffer: float = 25.0,
+    confident: float | None = None,
 ) -> tuple[list, list[str], TimelineDecoder]:
     words = script()
     decoder = TimelineDecoder(words)
     vad_model = ScriptVAD(words) if vad else None
-    session = StreamingSession(decoder, vad=vad_model, trim_after=trim_after, max_buffer=max_buffer)
+    session = StreamingSession(
+        decoder, vad=vad_model, trim_after=trim_after, max_buffer=max_buffer, confident=confident
+    )
     duration = words[-1][2] + 0.8
     texts = []
-    for _event in run_stream(Silence(duration), session, SimulatedClock(compute), chunk):
+    decoder.latencies = []  # stream time at each word's commit minus its end
+    for event in run_stream(Silence(duration), session, SimulatedClock(compute), chunk):
         texts.append(session.committed_text())
+        if event.type == "commit":
+            decoder.latencies += [event.audio_time - w.end for w in event.words]
     return session.agreement.committed, texts, decoder
 
 
-def check(compute: float, chunk: float, vad: bool, **buffer: float) -> None:
-    committed, texts, decoder = stream_script(compute, chunk, vad, **buffer)
+def check(compute: float, chunk: float, vad: bool, **options: float | None) -> None:
+    committed, texts, decoder = stream_script(compute, chunk, vad, **options)
     expected = [plain(t) for t, _, _ in script()]
     assert decoder.neither == []  # every word was in the prompt or whole in the buffer
     assert [w.text.strip() for w in committed] == expected  # nothing dropped, nothing invented
@@ -165,6 +178,18 @@ def test_every_word_committed_whatever_each_update_costs(compute, vad):
     check(compute, 1.0, vad)
 
 
+@pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 5.0])
+def test_confident_commits_drop_and_invent_nothing(compute, vad):
+    """Words committed at their first hearing (every whole word here is sure, 0.9, and so is a word cut
+    off at the buffer's end, 0.99: only its end keeps it pending) are re-heard and recognised later."""
+    check(compute, 1.0, vad, confident=0.5)
+    if compute <= 0.5:  # a keeping-up stream: words are final about a chunk sooner
+        sooner = statistics.mean(stream_script(compute, 1.0, vad, confident=0.5)[2].latencies)
+        agreed = statistics.mean(stream_script(compute, 1.0, vad)[2].latencies)
+        assert sooner < agreed - 0.5, (sooner, agreed)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     compute=st.floats(0.0, 6.0, allow_nan=False),
@@ -172,11 +197,12 @@ def test_every_word_committed_whatever_each_update_costs(compute, vad):
     vad=st.booleans(),
     trim_after=st.floats(1.0, 10.0, allow_nan=False),
     max_buffer=st.floats(10.0, 25.0, allow_nan=False),
+    confident=st.sampled_from([None, 0.5]),
 )
 def test_no_word_dropped_at_any_compute_time_chunk_and_buffer_size(
-    compute, chunk, vad, trim_after, max_buffer
+    compute, chunk, vad, trim_after, max_buffer, confident
 ):
-    check(compute, chunk, vad, trim_after=trim_after, max_buffer=max_buffer)
+    check(compute, chunk, vad, trim_after=trim_after, max_buffer=max_buffer, confident=confident)
 
 
 def test_a_stream_far_behind_with_a_short_buffer_loses_no_word():

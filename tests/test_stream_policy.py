@@ -45,6 +45,38 @@ def test_agreement_compares_normalised_words():
     assert [w.text for w in la.update(words("hello world again"))] == [" hello", " world"]
 
 
+def sure(text: str, probabilities: list[float], start: float = 0.0) -> list[Word]:
+    """``words`` with the model's probability of each."""
+    return [Word(w.text, w.start, w.end, p) for w, p in zip(words(text, start), probabilities)]
+
+
+def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
+    # words end at 0.4, 0.9, 1.4 and 1.9 s; the audio heard ends at 2.0 s
+    off = LocalAgreement()
+    assert off.update(sure("the cat sat on", [0.99] * 4), heard_end=2.0) == []  # off by default
+    la = LocalAgreement(confident=0.6)
+    # "sat" is unsure, so neither it nor the sure word after it is final yet; "on" ends 0.1 s before
+    # the audio heard (within the margin): it may still be being said
+    committed = la.update(sure("the cat sat on", [0.9, 0.7, 0.4, 0.99]), heard_end=2.0)
+    assert [w.text for w in committed] == [" the", " cat"]
+    assert la.settled == 2 and [w.text for w in la.previous] == [" sat", " on"]
+    # the next hearing agrees on "sat on" (LocalAgreement-2), and "the" is sure and ends in time
+    committed = la.update(sure("the cat sat on the mat", [0.9, 0.9, 0.5, 0.9, 0.8, 0.99]), heard_end=3.0)
+    assert [w.text for w in committed] == [" sat", " on", " the"]
+    assert la.committed_text() == "the cat sat on the"
+    # without the audio's end (a caller that does not say) only what two hearings agree on
+    committed = la.update(sure("the cat sat on the mat and", [0.99] * 7))
+    assert [w.text for w in committed] == [" mat"]
+
+
+def test_confident_words_keep_their_probability_and_times_move_forward():
+    la = LocalAgreement(confident=0.5)
+    la.update(sure("a b", [0.9, 0.9]), heard_end=5.0)
+    late = [Word(" c", 0.7, 1.2, 0.9)]  # dated inside "b": clamped to start at its end
+    (word,) = la.update(la.committed + late, heard_end=5.0)
+    assert (word.text, word.start, word.probability) == (" c", 0.9, 0.9)
+
+
 class ScriptedDecoder:
     """Hypotheses given in advance, one per decode; records what each decode was asked."""
 

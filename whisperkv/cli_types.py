@@ -80,6 +80,14 @@ def positive_number(text: str) -> float:
     return value
 
 
+def probability(text: str) -> float:
+    """argparse type: a probability above 0, at most 1."""
+    value = number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {value:g}")
+    return value
+
+
 def language(text: str) -> str:
     """A language code ("de") or English name ("German"); returns the code."""
     key = text.strip().lower()

@@ -10,6 +10,11 @@ its times never go back (a word's start is clamped to the end of the word before
 The committed words still heard in the buffer (``first_in_buffer``, kept by the session) are what a
 hypothesis is aligned with: "word word word" said three times is three words, not a re-hearing.
 
+With ``confident`` set, a word is also final at its first hearing when the model gave it at least that
+probability and it ends ``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may
+still be being said), as are the words before it: its latency is then what is left of the chunk after
+it, not a chunk more. Off by default.
+
 ``settled`` says how many leading words of the last hypothesis are committed after the update: the
 session cuts its buffer only at a segment end within them, so audio leaves the buffer only once every
 word heard in it is committed.
@@ -30,6 +35,8 @@ SEAM_WINDOW = 1.0
 COUNT_SLACK = 0.4
 #: how many words either side of the count by time a re-hearing of the committed end is looked for
 SEARCH = 2
+#: a word committed at its first hearing ends at least this long before the audio decoded (seconds)
+CONFIDENT_MARGIN_S = 0.2
 
 
 def word_key(text: str) -> str:
@@ -44,7 +51,8 @@ def same_word(a: Word, b: Word) -> bool:
 
 
 class LocalAgreement:
-    def __init__(self) -> None:
+    def __init__(self, confident: float | None = None) -> None:
+        self.confident = confident  # the probability that commits a word at its first hearing; None: off
         self.committed: list[Word] = []
         self.previous: list[Word] = []  # the last hypothesis minus what was committed
         self.settled = 0  # leading words of the last hypothesis that are committed
@@ -110,16 +118,25 @@ class LocalAgreement:
             n += 1
         return n
 
+    def _sure_at_once(self, word: Word, heard_end: float | None) -> bool:
+        """Whether ``word`` is final without a second hearing (``confident``)."""
+        if self.confident is None or heard_end is None or word.probability is None:
+            return False
+        return word.probability >= self.confident and word.end <= heard_end - CONFIDENT_MARGIN_S
+
     def unseen(self, hypothesis: list[Word]) -> list[Word]:
         """The part of ``hypothesis`` that is not already committed."""
         return list(hypothesis[self.already_committed(hypothesis) :])
 
-    def update(self, hypothesis: list[Word]) -> list[Word]:
-        """Take a new hypothesis; return the words it commits (the agreed prefix with the previous one)."""
+    def update(self, hypothesis: list[Word], heard_end: float | None = None) -> list[Word]:
+        """Take a new hypothesis of the audio up to ``heard_end``; return the words it commits (the agreed
+        prefix with the previous one, then the confident words after it where ``confident`` is set)."""
         skip = self.already_committed(hypothesis)
         new = hypothesis[skip:]
         agreed = 0
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
+            agreed += 1
+        while agreed < len(new) and self._sure_at_once(new[agreed], heard_end):
             agreed += 1
         commit = self._extend(new[:agreed])
         self.previous = list(new[agreed:])
@@ -141,7 +158,7 @@ class LocalAgreement:
         out = []
         for w in words:
             start = max(w.start, self.last_end)
-            word = w if start == w.start else Word(w.text, start, max(w.end, start))
+            word = w if start == w.start else Word(w.text, start, max(w.end, start), w.probability)
             self.committed.append(word)
             out.append(word)
         return out

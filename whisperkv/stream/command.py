@@ -14,6 +14,7 @@ import sys
 
 def add_parser(sub) -> None:
     from whisperkv.cli_options import add_parser, language, non_negative_number, positive_number
+    from whisperkv.cli_types import probability
 
     p = add_parser(
         sub, "stream", "live transcription of a file or of raw PCM on stdin, committed text as it is final"
@@ -46,6 +47,14 @@ def add_parser(sub) -> None:
         metavar="SECONDS",
         help="simulated clock: every update costs SECONDS (default: the measured time)",
     )
+    p.add_argument(
+        "--confident",
+        type=probability,
+        default=None,
+        metavar="P",
+        help="also commit a word at its first hearing when its probability is at least P and it ends "
+        "0.2 s before the audio heard (lower latency; default: only when two updates agree)",
+    )
     p.add_argument("--no_vad", action="store_true", help="no voice activity detection: one utterance")
     p.add_argument("--json", action="store_true", help="one JSON line per event, then the reuse summary")
 
@@ -75,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     source = PCMPipe(sys.stdin.buffer) if args.audio == "-" else FileSamples(args.audio)
     model = load_model(args.model, compute_type=args.compute_type)
     decoder = LocalDecoder(model, args.language or ("en" if not model.is_multilingual else None))
-    session = StreamingSession(decoder, vad=None if args.no_vad else SpeechDetector())
+    session = StreamingSession(
+        decoder, vad=None if args.no_vad else SpeechDetector(), confident=args.confident
+    )
     for event in run_stream(source, session, clock, args.chunk):
         if args.json and event.type in ("partial", "commit"):
             print(json.dumps(event.as_json()), flush=True)

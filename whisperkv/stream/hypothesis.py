@@ -68,7 +68,7 @@ class Hypothesis:
     def shifted(self, offset: float) -> Hypothesis:
         """The same hypothesis with times counted from the stream's start."""
         return Hypothesis(
-            [Word(w.text, w.start + offset, w.end + offset) for w in self.words],
+            [Word(w.text, w.start + offset, w.end + offset, w.probability) for w in self.words],
             [e + offset for e in self.segment_ends],
             list(self.boundaries),
             self.repetitive,
@@ -107,7 +107,9 @@ def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> 
 def hypothesis_from_segments(segments: list[dict], closed: int) -> Hypothesis:
     """Words of segments that carry ``words`` (openai-whisper's shape); the first ``closed`` are complete."""
     words = [
-        Word(w["word"], float(w["start"]), float(w["end"])) for s in segments for w in s.get("words", [])
+        Word(w["word"], float(w["start"]), float(w["end"]), w.get("probability"))
+        for s in segments
+        for w in s.get("words", [])
     ]
     counts, total = [], 0
     for s in segments[:closed]:

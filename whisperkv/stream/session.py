@@ -19,6 +19,9 @@ input ends): words it did not take for speech — whispered ones — are committ
 last hypothesis, and a silent pause is judged silence by ``transcribe``'s rule (no words). Committed text
 is never retracted.
 
+``confident`` (off by default) also commits a word the model was sure of at its first hearing, a chunk
+sooner (``agreement``).
+
 Decoding is behind ``UpdateDecoder`` — in this process (``LocalDecoder``) or through the server's
 scheduler — so the policy does not know where the model runs.
 """
@@ -60,13 +63,14 @@ class StreamingSession:
         min_audio_s: float = 0.5,
         trim_after: float = 6.0,
         max_buffer: float = 25.0,
+        confident: float | None = None,
     ) -> None:
         self.decoder = decoder
         self.vad = vad
         self.min_audio = int(min_audio_s * SAMPLE_RATE)
         self.trim_after = trim_after
         self.max_buffer = max_buffer
-        self.agreement = LocalAgreement()
+        self.agreement = LocalAgreement(confident)
         self.audio = np.zeros(0, dtype=np.float32)
         self.audio_start = 0  # stream sample index of self.audio[0]
         self.received = 0
@@ -118,7 +122,8 @@ class StreamingSession:
         hypothesis = self._decode(self.received)
         if hypothesis.repetitive:  # a loop is no evidence: neither agreed with nor kept as the last one
             return []
-        events = self._commit(self.agreement.update(hypothesis.words))
+        heard_end = self.decoded[1] / SAMPLE_RATE if self.decoded else None
+        events = self._commit(self.agreement.update(hypothesis.words, heard_end))
         if self.agreement.previous:
             events.append(Event.of_words("partial", self.agreement.previous, self.now))
         return events + self._trim(hypothesis)
