@@ -122,6 +122,28 @@ def test_int8_stream_commits_the_speech_and_a_bad_compute_type_is_refused(jfk, m
     assert refused.value.code == 2 and out == "" and "--compute_type" in err and "'int4'" in err
 
 
+def test_confident_commits_the_speech_sooner_and_a_bad_probability_is_refused(jfk, monkeypatch, capsys):
+    """``--confident 0.5`` commits words the model is sure of at their first hearing: the same speech,
+    each commit sooner after its last word's end on average than LocalAgreement-2 alone (jfk, 1 s chunks,
+    0.3 s per update). A probability outside (0, 1] is exit 2 before anything loads."""
+    data = pcm_bytes(jfk)
+    delays, texts = {}, {}
+    for policy, extra in (("agreement", []), ("confident", ["--confident", "0.5"])):
+        argv = ["stream", "-", "--simulate_compute", "0.3", "--json", *extra]
+        code, lines, err = run_cli(argv, monkeypatch, capsys, data)
+        commits = [e for e in map(json.loads, lines) if e.get("type") == "commit"]
+        assert code == 0 and commits, err
+        texts[policy] = " ".join(e["text"] for e in commits)
+        delays[policy] = np.mean([e["audio_time"] - e["end"] for e in commits])
+    assert wer(JFK_TEXT, texts["confident"]) <= 0.15, texts
+    assert delays["confident"] < delays["agreement"] - 0.2, delays
+    for bad in ("0", "1.5", "nan"):
+        with pytest.raises(SystemExit) as refused:
+            run_cli(["stream", "-", "--confident", bad], monkeypatch, capsys, data)
+        out, err = capsys.readouterr()
+        assert refused.value.code == 2 and out == "" and "--confident" in err, err
+
+
 def test_odd_byte_count_on_stdin_is_one_error_line_and_the_rest_is_transcribed(jfk, monkeypatch, capsys):
     data = pcm_bytes(jfk[: 4 * 16000]) + b"\x01"
     code, lines, err = run_cli(["stream", "-", "--simulate_compute", "0.5"], monkeypatch, capsys, data)
