@@ -61,7 +61,8 @@ class Samples:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, speech_dir):
-    """``runs(clip, compute, vad)`` → committed text; ``runs.offline(clip)`` → ``transcribe()``'s text."""
+    """``runs(clip, compute, vad, confident=None)`` → committed text; ``runs.offline(clip)`` →
+    ``transcribe()``'s text."""
     audio, texts, vad_model = {}, {}, []
 
     def load(clip: str) -> np.ndarray:
@@ -69,13 +70,13 @@ def runs(tiny_model, speech_dir):
             audio[clip] = load_audio(speech_dir / clip)
         return audio[clip]
 
-    def stream(clip: str, compute: float, vad: bool) -> str:
-        key = (clip, compute, vad)
+    def stream(clip: str, compute: float, vad: bool, confident: float | None = None) -> str:
+        key = (clip, compute, vad, confident)
         if key not in texts:
             if vad and not vad_model:
                 vad_model.append(load_vad_model())
             detector = SpeechDetector(vad_model[0]) if vad else None
-            session = StreamingSession(LocalDecoder(tiny_model), vad=detector)
+            session = StreamingSession(LocalDecoder(tiny_model), vad=detector, confident=confident)
             list(run_stream(Samples(load(clip)), session, SimulatedClock(compute), chunk=1.0))
             texts[key] = session.committed_text()
         return texts[key]
@@ -101,12 +102,20 @@ def test_jfk_at_one_and_a_half_seconds_per_update_loses_no_word(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("confident", [None, 0.5], ids=["agreement", "confident"])
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
 @pytest.mark.parametrize("compute", COMPUTE_TIMES)
-def test_jfk_loses_no_word_at_any_compute_time(runs, compute, vad):
-    streamed = runs(JFK, compute, vad)
+def test_jfk_loses_no_word_at_any_compute_time(runs, compute, vad, confident):
+    streamed = runs(JFK, compute, vad, confident)
     assert alignment(runs.offline(JFK), streamed).deletions == 0, streamed
-    assert alignment(runs(JFK, COMPUTE_TIMES[0], vad), streamed).deletions == 0, streamed
+    assert alignment(runs(JFK, COMPUTE_TIMES[0], vad, confident), streamed).deletions == 0, streamed
+
+
+def test_jfk_with_confident_commits_loses_no_word(runs):
+    """``--confident 0.5`` at 1.5 s per update (where LocalAgreement-2 once lost five words): the words
+    of ``transcribe()``, none dropped."""
+    streamed = runs(JFK, 1.5, False, 0.5)
+    assert normalize_text(streamed) == normalize_text(runs.offline(JFK)), streamed
 
 
 def check_within_budget(runs, clip: str, compute: float, vad: bool) -> None:

@@ -59,10 +59,12 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
     # the audio heard (within the margin): it may still be being said
     committed = la.update(sure("the cat sat on", [0.9, 0.7, 0.4, 0.99]), heard_end=2.0)
     assert [w.text for w in committed] == [" the", " cat"]
-    assert la.settled == 2 and [w.text for w in la.previous] == [" sat", " on"]
+    assert [w.text for w in la.previous] == [" sat", " on"]
+    assert (la.final, la.settled) == (2, 0)  # final, but not heard twice: no cut after them yet
     # the next hearing agrees on "sat on" (LocalAgreement-2), and "the" is sure and ends in time
     committed = la.update(sure("the cat sat on the mat", [0.9, 0.9, 0.5, 0.9, 0.8, 0.99]), heard_end=3.0)
     assert [w.text for w in committed] == [" sat", " on", " the"]
+    assert (la.final, la.settled) == (5, 4)  # "the cat" heard again, "sat on" agreed; "the" heard once
     assert la.committed_text() == "the cat sat on the"
     # without the audio's end (a caller that does not say) only what two hearings agree on
     committed = la.update(sure("the cat sat on the mat and", [0.99] * 7))

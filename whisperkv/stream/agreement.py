@@ -15,9 +15,11 @@ probability and it ends ``CONFIDENT_MARGIN_S`` before the audio decoded (a word 
 still be being said), as are the words before it: its latency is then what is left of the chunk after
 it, not a chunk more. Off by default.
 
-``settled`` says how many leading words of the last hypothesis are committed after the update: the
-session cuts its buffer only at a segment end within them, so audio leaves the buffer only once every
-word heard in it is committed.
+``settled`` says how many leading words of the last hypothesis are committed after the update and were
+heard twice (a word final at its first hearing counts once it is heard again): the session cuts its
+buffer only at a segment end within them, so audio leaves the buffer only once every word heard in it is
+committed. ``final`` counts every committed one (``settled`` and the words final at their first hearing
+after them): those after a cut are still heard in the buffer.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class LocalAgreement:
         self.confident = confident  # the probability that commits a word at its first hearing; None: off
         self.committed: list[Word] = []
         self.previous: list[Word] = []  # the last hypothesis minus what was committed
-        self.settled = 0  # leading words of the last hypothesis that are committed
+        self.settled = 0  # leading words of the last hypothesis that are committed and heard twice
+        self.final = 0  # leading words of the last hypothesis that are committed
         self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
         #: the buffer holds no committed word's audio (set by the session: a new utterance whose speech
         #: starts after the last one's ended, nothing committed or cut since)
@@ -136,11 +139,15 @@ class LocalAgreement:
         agreed = 0
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
-        while agreed < len(new) and self._sure_at_once(new[agreed], heard_end):
-            agreed += 1
-        commit = self._extend(new[:agreed])
-        self.previous = list(new[agreed:])
-        self.settled = skip + agreed
+        final = agreed
+        while final < len(new) and self._sure_at_once(new[final], heard_end):
+            final += 1
+        commit = self._extend(new[:final])
+        self.previous = list(new[final:])
+        # the buffer is cut only after words heard twice: a word final at its first hearing may sit at
+        # the end of the audio heard, where the next word's start is least sure (a cut there, before an
+        # "ask" heard for 0.2 s, lost jfk's "ask what you can do for your" at 1.5 s per update)
+        self.settled, self.final = skip + agreed, skip + final
         return commit
 
     def flush(self, hypothesis: list[Word] | None = None, before: float | None = None) -> list[Word]:
@@ -150,7 +157,7 @@ class LocalAgreement:
         if before is not None:
             rest = [w for w in rest if w.end < before]
         self.previous = []
-        self.settled = 0
+        self.settled = self.final = 0
         return self._extend(rest)
 
     def _extend(self, words: list[Word]) -> list[Word]:

@@ -273,7 +273,7 @@ class StreamingSession:
             cuts = cuts or [c for c in hypothesis.sentence_boundaries() if c[0] <= settled and c[1] > start]
             if cuts:
                 count, cut = cuts[-1]
-                self._cut(int(cut * SAMPLE_RATE), carried=settled - count)
+                self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
             if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
                 heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
