@@ -251,6 +251,8 @@ def print_rows(rows: list[dict], latencies: list[float]) -> None:
 
 
 def main() -> int:
+    from whisperkv.cli_types import probability
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--chunk", type=float, default=1.0)
@@ -267,7 +269,7 @@ def main() -> int:
     p.add_argument("--naive", action="store_true", help="also run the naive-reuse path")
     p.add_argument(
         "--confident",
-        type=float,
+        type=probability,
         default=None,
         metavar="P",
         help="also commit a word at its first hearing at probability >= P (whisperkv stream --confident)",

@@ -67,6 +67,7 @@ class TimelineDecoder:
         self.words = words
         self.neither: list[tuple[float, str]] = []  # (buffer start, word neither prompted nor whole)
         self.decodes = 0
+        self.latencies: list[float] = []  # stream time at each word's commit minus its end (stream_script)
 
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
         self.decodes += 1
@@ -154,7 +155,6 @@ def stream_script(
     )
     duration = words[-1][2] + 0.8
     texts = []
-    decoder.latencies = []  # stream time at each word's commit minus its end
     for event in run_stream(Silence(duration), session, SimulatedClock(compute), chunk):
         texts.append(session.committed_text())
         if event.type == "commit":

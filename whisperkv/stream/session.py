@@ -122,7 +122,7 @@ class StreamingSession:
         hypothesis = self._decode(self.received)
         if hypothesis.repetitive:  # a loop is no evidence: neither agreed with nor kept as the last one
             return []
-        heard_end = self.decoded[1] / SAMPLE_RATE if self.decoded else None
+        heard_end = self.decoded[1] / SAMPLE_RATE  # set by this decode
         events = self._commit(self.agreement.update(hypothesis.words, heard_end))
         if self.agreement.previous:
             events.append(Event.of_words("partial", self.agreement.previous, self.now))
