@@ -8,9 +8,9 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   its own through the C rows kernel (``cpu/int8_rows.py``) on a CPU with AVX512-VNNI or AVX2, all the
   rows of a call with one scale through fbgemm elsewhere.
   A one-token decoder step reads every weight once, so its time follows the bytes read: the
-  vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. The Cross-KV's key and value
-  projections run once per window over 1,500 positions (compute-bound, like the encoder), so they run
-  as the encoder's linears do: in bfloat16 with a bfloat16 encoder, through fbgemm with fbgemm's.
+  vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
+  value projections where the encoder is bfloat16: they run once per window over 1,500 positions
+  (compute-bound, like the encoder), in bfloat16 too.
 * the encoder is compute-bound (1,500 positions per window). With AMX it runs in bfloat16 tiles, both
   faster and closer to float32 than int8 there; with AVX512-VNNI but no AMX its linears are int8 through
   the rows kernel, which makes twice the products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
@@ -143,10 +143,10 @@ def quantize_int8(
         released()  # the block's float16 and float32 copies, not left in the heap's middle
     if encoder == "bfloat16":
         model.encoder.to(torch.bfloat16)  # the convolutions, positions and final LayerNorm
-    cross = _quantize_decoder(model, kernel, encoder, release)
+    keep = _quantize_decoder(model, kernel, encoder == "bfloat16", release)
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
     decoder = ", decoder rows kernel" if kernel is not None else ""
-    decoder += f", cross-KV projection {cross}" if cross else ""
+    decoder += ", cross-KV projection bfloat16" if keep else ""
     model.__dict__["weights_digest"] = f"{base_digest}+int8(encoder {encoder}{decoder})"
     model.compute_type = "int8"
     widen_float16(model)  # what stays float32: LayerNorms, convolutions, positional embeddings
@@ -158,37 +158,26 @@ def quantize_int8(
 def _quantize_decoder(
     model: Whisper,
     kernel: Int8RowsKernel | None,
-    encoder: str,
+    bfloat16_cross: bool,
     release: Callable[[torch.Tensor | None], None] | None,
-) -> str:
-    """The decoder's blocks a block at a time, then the vocabulary table's two int8 copies; returns how
-    the Cross-KV projections run where that is not as the other decoder linears do ("" where it is).
+) -> tuple[nn.Module, ...]:
+    """The decoder's blocks a block at a time, then the vocabulary table's two int8 copies; returns the
+    Cross-KV projections kept in bfloat16.
 
     The Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
-    window), so it runs as the encoder does. Where the encoder is bfloat16, in bfloat16 (its keys and
-    values are held in bfloat16 anyway): int8 there took 15.8 ms a window for tiny.en against 5.7 in
-    bfloat16 (scratch, round 16: per-row quantised, through the rows kernel made for a step's few rows,
-    on an AMX CPU). Where the encoder is fbgemm's (no VNNI), through fbgemm: the rows kernel's AVX2 path
-    makes 16-bit products, half fbgemm's a multiply, and took 28 ms a tiny.en window against 13 (2-core
-    AMD EPYC Zen 3; mean relative error of jfk's keys and values 1.9 % against 4.9 %: one activation
-    scale a window, 7-bit); large-v3-turbo's 16-step decode 30.2 -> 19.2 ms a step, tiny.en's WER
-    unchanged within noise (``benchmarks/bench.py``, RESULTS.md)."""
+    window): where the encoder runs in bfloat16, so does it (its keys and values are held in bfloat16
+    anyway). Int8 there took 15.8 ms a window for tiny.en against 5.7 in bfloat16 (scratch, round 16:
+    per-row quantised, through the rows kernel made for a step's few rows, on an AMX CPU)."""
     released = functools.partial(part_converted, release)
     keep: tuple[nn.Module, ...] = ()
-    if encoder == "bfloat16":
+    if bfloat16_cross:
         keep = tuple(
             _bfloat16_linear(linear)
             for block in model.decoder.blocks
             for linear in (block.cross_attn.key, block.cross_attn.value)
         )
-    cross_fbgemm = encoder == "int8" and kernel is not None
     for block in model.decoder.blocks:
         widen_float16(block)
-        if cross_fbgemm:  # made here, so _replace_linears (nn.Linear only) passes them by
-            attention = block.cross_attn
-            attention.key, attention.value = (
-                Int8Linear.from_linear(linear, None) for linear in (attention.key, attention.value)
-            )
         _replace_linears(block, kernel, keep)
         released()
     # the table as stored (float16 or float32), its rows widened a block at a time and quantised once
@@ -200,4 +189,4 @@ def _quantize_decoder(
     model.decoder.token_embedding = Int8Embedding(table, rows)
     model.decoder.logits_projection = Int8Linear(table, None, kernel, rows)
     released()
-    return "bfloat16" if keep else "fbgemm" if cross_fbgemm else ""
+    return keep
