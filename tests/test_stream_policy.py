@@ -258,3 +258,40 @@ def test_a_long_buffer_with_no_segment_end_is_cut_at_a_committed_sentence_end():
     session.feed(np.zeros(SR, dtype=np.float32))
     session.update()  # the next decode starts at the cut, prompted with what left the buffer
     assert decoder.calls[-1][0] == int(cut * SR) and decoder.calls[-1][2] == "one two."
+
+
+class SteadyDecoder(ScriptedDecoder):
+    """A steady talker, each word sure (0.99): a word every 0.5 s of the stream, those wholly in the
+    buffer, no segment or sentence end (so only ``max_buffer``'s forced cut moves the buffer)."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        self.calls.append((start_sample, len(audio), prompt))
+        start, end = start_sample / SR, (start_sample + len(audio)) / SR
+        spoken = [Word(f" w{i}", 0.5 * i, 0.5 * i + 0.4, 0.99) for i in range(200)]
+        heard = [
+            Word(w.text, w.start - start, w.end - start, 0.99)
+            for w in spoken
+            if start <= w.start and w.end <= end
+        ]
+        return Hypothesis(heard, [])
+
+
+def test_a_forced_cut_falls_after_words_heard_twice_and_carries_the_confident_ones():
+    """Past ``max_buffer`` the buffer is cut at the end of the last word heard twice: a word final at its
+    first hearing (``confident``) may end where the next word's start is least sure, so it stays in the
+    buffer, carried, until heard again. Every word is committed once, in order."""
+    decoder = SteadyDecoder(["-"])
+    session = StreamingSession(decoder, trim_after=100, max_buffer=3.0, confident=0.5)
+    cuts = []
+    for _ in range(8):  # two words a second: one ends 0.6 s before the audio heard (sure at once), one not
+        session.feed(np.zeros(SR, dtype=np.float32))
+        session.update()
+        agreement = session.agreement
+        if not cuts or session.buffer_start != cuts[-1][0]:
+            settled = agreement.committed[: len(agreement.committed) - (agreement.final - agreement.settled)]
+            cuts.append((session.buffer_start, settled[-1].end if settled else 0.0))
+    forced = [(start, end) for start, end in cuts if start > 0]
+    assert forced, "the buffer was never cut"
+    assert all(start / SR <= end for start, end in forced)  # never after a word heard only once
+    texts = [w.text.strip() for w in session.agreement.committed]
+    assert texts == [f"w{i}" for i in range(len(texts))] and len(texts) >= 12

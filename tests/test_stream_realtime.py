@@ -78,21 +78,24 @@ def pcm_b64(samples: np.ndarray) -> str:
     return base64.b64encode(pcm_bytes(samples)).decode()
 
 
-def in_process_twin(model, pieces: list[bytes], rate: int) -> tuple[str, dict]:
+def in_process_twin(
+    model, pieces: list[bytes], rate: int, confident: float | None = None
+) -> tuple[str, dict, list[str]]:
     """``whisperkv stream``'s path (``LocalDecoder``, the same VAD) fed what a server session was fed, on
     the session's schedule: each append resampled to 16 kHz and fed, an update once ``CHUNK_S`` of new
-    audio has come. Its committed text and reuse counts."""
-    session = StreamingSession(LocalDecoder(model), vad=SpeechDetector())
+    audio has come. Its committed text, reuse counts and each commit's text, in order."""
+    session = StreamingSession(LocalDecoder(model), vad=SpeechDetector(), confident=confident)
     session.warm()
-    resample, pending = Resampler(rate), 0
+    resample, pending, events = Resampler(rate), 0, []
     for piece in pieces:
         samples = resample(piece)
-        session.feed(samples)
+        events += session.feed(samples)
         pending += len(samples)
         if pending >= CHUNK_S * 16000:
             pending = 0
-            session.update()
-    return session.committed_text(), session.reuse_summary()
+            events += session.update()
+    commits = [event.text for event in events if event.type == "commit"]
+    return session.committed_text(), session.reuse_summary(), commits
 
 
 def metric_values(app) -> dict:
@@ -186,7 +189,7 @@ def assert_served_as_in_process(
 ) -> None:
     """The server's stream is the in-process one: the same words (exactly), the same reuse by provenance;
     and /metrics adds the session's counts to what it had before."""
-    text, reuse = in_process_twin(app.state.model, pieces, 24000)
+    text, reuse, _ = in_process_twin(app.state.model, pieces, 24000)
     assert " ".join(transcript.split()) == " ".join(text.split())
     served = completed[-1]["reuse"]
     assert served == reuse and served["encodes"] < served["updates"]
@@ -232,6 +235,52 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
     assert app.state.scheduler.stats()["steps_total"] > steps_before  # decoded by the server's scheduler
     completed, transcript = assert_utterances(seen)
     assert_served_as_in_process(app, pieces, completed, transcript, reuse_before)
+
+
+def test_a_confident_session_commits_as_the_in_process_stream_with_it(server, app, jfk):
+    """``transcription.confident`` (whisperkv's extension) reaches the session's stream: its deltas are
+    the commits of ``StreamingSession(confident=0.5)`` fed the same audio on the same schedule, which
+    are not LocalAgreement-2's; null turns it off again; 0, 1.5, true and NaN are error events naming it."""
+    audio = np.concatenate([jfk, np.zeros(24000, np.float32)])  # 1.5 s of silence closes the utterance
+    pieces = [pcm_bytes(audio[i : i + 8000]) for i in range(0, len(audio), 8000)]  # 0.5 s each
+
+    def update(confident) -> str:
+        transcription = {"confident": confident}
+        audio_input = {"format": {"type": "audio/pcm", "rate": 16000}, "transcription": transcription}
+        return json.dumps({"type": "session.update", "session": {"audio": {"input": audio_input}}})
+
+    async def talk() -> tuple[list[dict], list[dict]]:
+        seen, answers = [], []
+        async with websockets.connect(
+            server, max_size=None, ping_interval=None, additional_headers=AUTH
+        ) as ws:
+            assert (await next_event(ws))["type"] == "session.created"
+            for bad in (0, 1.5, True, "0.5", float("nan")):
+                await ws.send(update(bad))
+                answers.append(await next_event(ws))
+            for confident in (0.9, None, 0.5):
+                await ws.send(update(confident))
+                answers.append(await next_event(ws))
+            for piece in pieces:
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}
+                    )
+                )
+            await ws.send(json.dumps({"type": "marker.after.audio"}))
+            await until(ws, "error", seen)
+        return seen, answers
+
+    seen, answers = asyncio.run(talk())
+    for error in answers[:5]:
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_value", error
+        assert error["error"]["param"] == "session.audio.input.transcription.confident"
+    settings = [a["session"]["audio"]["input"]["transcription"]["confident"] for a in answers[5:]]
+    assert settings == [0.9, None, 0.5]
+    deltas = [e["delta"].strip() for e in seen if e["type"].endswith("transcription.delta")]
+    text, _, commits = in_process_twin(app.state.model, pieces, 16000, confident=0.5)
+    assert deltas == commits and wer(JFK_TEXT, text) <= 0.25
+    assert commits != in_process_twin(app.state.model, pieces, 16000)[2]
 
 
 def test_openai_client_manual_commit_without_vad_and_empty_commit_is_an_error(server, jfk):

@@ -2,7 +2,8 @@
 
 Client events: ``session.update`` (``session.type`` = ``transcription``; input ``audio/pcm`` at 24 kHz,
 or 16 kHz; ``turn_detection`` ``server_vad`` (default) or null, then the client's commits end
-utterances), ``input_audio_buffer.append`` (base64 PCM16), ``input_audio_buffer.commit``,
+utterances; whisperkv's own ``transcription.confident``: ``whisperkv stream --confident``'s
+probability, or null), ``input_audio_buffer.append`` (base64 PCM16), ``input_audio_buffer.commit``,
 ``input_audio_buffer.clear``. Server events: ``session.created`` / ``session.updated``,
 ``input_audio_buffer.speech_started`` / ``speech_stopped`` (silero VAD), ``input_audio_buffer.committed``,
 ``input_audio_buffer.cleared``, ``conversation.item.input_audio_transcription.delta`` (text newly committed
@@ -79,6 +80,7 @@ class TranscriptionConnection:
         self.language: str | None = None
         self.prompt = ""
         self.server_vad = True
+        self.confident: float | None = None
         self.items = itertools.count(1)
         self.item_id: str | None = None
         self.previous_item_id: str | None = None
@@ -101,7 +103,8 @@ class TranscriptionConnection:
             from whisperkv.stream.local_decoder import LocalDecoder
 
             decoder = LocalDecoder(model, language, request_id=self.id)
-        return StreamingSession(decoder, vad=SpeechDetector() if self.server_vad else None)
+        vad = SpeechDetector() if self.server_vad else None
+        return StreamingSession(decoder, vad=vad, confident=self.confident)
 
     def description(self) -> dict:
         return {
@@ -111,7 +114,12 @@ class TranscriptionConnection:
             "audio": {
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.rate},
-                    "transcription": {"model": "whisper-1", "language": self.language, "prompt": self.prompt},
+                    "transcription": {
+                        "model": "whisper-1",
+                        "language": self.language,
+                        "prompt": self.prompt,
+                        "confident": self.confident,
+                    },
                     "turn_detection": {"type": "server_vad"} if self.server_vad else None,
                 }
             },
@@ -249,6 +257,8 @@ class TranscriptionConnection:
         if update.server_vad is not None:
             rebuild = rebuild or update.server_vad != self.server_vad
             self.server_vad = update.server_vad
+        if update.confident_given:  # the live stream's policy: no audio or agreement lost
+            self.confident = self.stream.agreement.confident = update.confident
         if rebuild:  # a new stream: committed text so far stays committed (and was sent)
             self.stream, self.reuse_counted = self._new_stream(), None
 

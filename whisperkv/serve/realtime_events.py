@@ -29,6 +29,7 @@ MAX_PROMPT_CHARS = 4096
 #: how much of a client's value an error message quotes
 QUOTE_CHARS = 64
 LANGUAGE_PARAM = "session.audio.input.transcription.language"
+CONFIDENT_PARAM = "session.audio.input.transcription.confident"
 
 
 class RealtimeError(ValueError):
@@ -50,6 +51,9 @@ class SessionUpdate:
     language_given: bool = False
     prompt: str | None = None
     server_vad: bool | None = None
+    #: ``whisperkv stream --confident``'s probability (None: only two agreeing updates commit a word)
+    confident: float | None = None
+    confident_given: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,24 @@ def session_update(session: Any) -> SessionUpdate:
         language_given="language" in transcription,
         prompt=prompt,
         server_vad=_server_vad(audio_input),
+        confident=_confident(transcription.get("confident")),
+        confident_given="confident" in transcription,
     )
+
+
+def _confident(value: Any) -> float | None:
+    """``transcription.confident`` (a whisperkv extension, ``whisperkv stream --confident``): a number
+    above 0 and at most 1 commits a word the model gave that probability at its first hearing; null
+    turns it off. Python's JSON reader takes NaN and Infinity: refused with the rest."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise RealtimeError(
+            "invalid_value",
+            f"'confident' must be null or a number above 0 and at most 1, not {quote(value)}",
+            CONFIDENT_PARAM,
+        )
+    return float(value)
 
 
 def _rate(fmt: Any) -> int | None:

@@ -279,9 +279,15 @@ class StreamingSession:
                 heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
                 # but a word that reaches the buffer's end may still be being said: heard again next time
                 events += self._commit(self.agreement.flush(before=heard - WORD_AT_END_S))
-            cut = min([self.agreement.last_end] + [w.start for w in self.agreement.previous[:1]])
-            if self.agreement.committed and cut > self.buffer_start / SAMPLE_RATE:
-                self._cut(int(cut * SAMPLE_RATE))  # at the committed end, never into a pending word
+            # after the last word heard twice: the words final at their first hearing (``confident``)
+            # stay in the buffer, carried, until a second hearing settles where they end
+            unsettled = self.agreement.final - self.agreement.settled
+            committed = self.agreement.committed[: len(self.agreement.committed) - unsettled]
+            cut = min(
+                [committed[-1].end if committed else 0.0] + [w.start for w in self.agreement.previous[:1]]
+            )
+            if cut > self.buffer_start / SAMPLE_RATE:
+                self._cut(int(cut * SAMPLE_RATE), carried=unsettled)  # never into a pending word
             elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
