@@ -41,7 +41,7 @@ def event_like(draw) -> dict:
     for name in draw(st.lists(FIELDS, max_size=4)):
         event[name] = draw(JSON)
     if draw(st.booleans()):
-        transcription = {"language": draw(JSON), "prompt": draw(JSON)}
+        transcription = {"language": draw(JSON), "prompt": draw(JSON), "confident": draw(JSON)}
         audio_input = {"format": {"rate": draw(JSON), "type": draw(JSON)}, "transcription": transcription}
         if draw(st.booleans()):
             audio_input["turn_detection"] = draw(JSON)
