@@ -19,6 +19,7 @@ import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperkv.cpu.int8_rows import load_rows_kernel
 from whisperkv.cpu.quantize import Int8Linear, encoder_choice, quantize_int8
+from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.decoding.logit_filters import TimestampRules
 from whisperkv.decoding.search import GreedySearch, argmax_rows
 from whisperkv.metrics import word_errors
@@ -183,6 +184,25 @@ def test_int8_model_layout(int8_model):
     assert cross[0].key.dtype == (want or torch.float32)  # float32 features into bfloat16 linears: cast
     with pytest.raises(ValueError, match="already"):
         quantize_int8(int8_model)
+
+
+def test_the_int8_token_table_is_held_once(tiny_model, int8_model):
+    """Where the vocabulary holds its int8 rows for the rows kernel, the embedding reads them from its
+    packed blocks (no second int8 table): every token's row is the table's own int8 row, quantised
+    from the float32 table, times its scale."""
+    embedding, projection = int8_model.decoder.token_embedding, int8_model.decoder.logits_projection
+    qweight, scales = quantized_rows(tiny_model.decoder.token_embedding.weight.detach().float())
+    tokens = torch.tensor([[0, 1, 15, 16, 17], [50255, 50256, 50362, 50363, 31]])
+    twin = qweight[tokens].float() * scales[:, None][tokens]
+    assert torch.equal(embedding(tokens), twin)
+    if projection.kernel is None:  # fbgemm's vocabulary keeps no rows to read: the table is its own
+        assert embedding.qweight is not None
+        return
+    assert embedding.qweight is None and embedding.projection is projection
+    assert embedding.scale.untyped_storage().data_ptr() == projection._scales.untyped_storage().data_ptr()
+    assert torch.equal(
+        embedding.rows(torch.arange(qweight.shape[0])), qweight
+    )  # every row, the last block's too
 
 
 def _int8_agreement(tiny_model, int8_model, clips):

@@ -33,8 +33,8 @@ _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 
 
 class Int8DecoderParameters(ctypes.Structure):
-    """``struct wkv_int8_decoder``: the blocks' structs, the int8 embedding, the positions, the final
-    LayerNorm and the int8 vocabulary."""
+    """``struct wkv_int8_decoder``: the blocks' structs, the int8 table (the vocabulary's packed rows)
+    and its scales, the positions, the final LayerNorm and the int8 vocabulary."""
 
     _fields_ = [
         ("blocks", _POINTER),
@@ -59,34 +59,28 @@ class Int8DecoderStep(DecoderStep):
 
     def _sources(self, decoder: TextDecoder) -> tuple | None:
         embedding, projection = decoder.token_embedding, decoder.logits_projection
-        qweight, scale = getattr(embedding, "qweight", None), getattr(embedding, "scale", None)
-        if qweight is None or scale is None or not Int8StepRows.takes(projection):
-            return None
+        if getattr(embedding, "projection", None) is not projection or not Int8StepRows.takes(projection):
+            return None  # the table is looked up from the vocabulary's packed rows (``Int8Embedding``)
         held = (projection._packed, projection._scales, projection._row_sums)
-        return (qweight, scale, decoder.positional_embedding, decoder.ln.weight, decoder.ln.bias, *held)
+        return (decoder.positional_embedding, decoder.ln.weight, decoder.ln.bias, *held)
 
     def _takes(self, decoder: TextDecoder, blocks: list) -> bool:
-        """An int8 table [vocab, d] with one float32 scale a row, a bias-free int8 vocabulary of the same
-        width, float32 positions and LayerNorm, one width throughout."""
-        embedding, projection = decoder.token_embedding, decoder.logits_projection
-        qweight, scale = embedding.qweight, embedding.scale
+        """A bias-free int8 vocabulary as wide as the blocks (its packed rows the embedding's, with one
+        float32 scale a row), float32 positions and LayerNorm, one width throughout."""
+        projection = decoder.logits_projection
         d = decoder.positional_embedding.shape[1]
+        scales = projection._scales
         return (
-            qweight.dtype == torch.int8
-            and qweight.dim() == 2
-            and qweight.is_contiguous()
-            and qweight.shape[1] == d
-            and scale.dtype == torch.float32
-            and scale.is_contiguous()
-            and scale.numel() == qweight.shape[0]
+            scales.dtype == torch.float32
+            and scales.is_contiguous()
+            and scales.numel() == projection.out_features
             and projection._bias is None
             and projection.in_features == d
-            and projection.out_features == qweight.shape[0]
             and positions_and_norm_take(decoder, blocks, d)
         )
 
     def _struct(self, decoder: TextDecoder, block_array: int, layers: int) -> tuple[ctypes.Structure, int]:
-        embedding, projection = decoder.token_embedding, decoder.logits_projection
+        projection = decoder.logits_projection
         positions, ln = decoder.positional_embedding, decoder.ln
         vocabulary = Int8Linear_(
             projection._packed.data_ptr(),
@@ -97,9 +91,9 @@ class Int8DecoderStep(DecoderStep):
         struct = Int8DecoderParameters(
             block_array,
             layers,
-            embedding.qweight.data_ptr(),
-            embedding.scale.data_ptr(),
-            embedding.qweight.shape[0],
+            projection._packed.data_ptr(),
+            projection._scales.data_ptr(),
+            projection.out_features,
             positions.data_ptr(),
             positions.shape[0],
             ln.weight.data_ptr(),

@@ -186,7 +186,7 @@ def _quantize_decoder(
     rows = quantized_rows(table)
     if release is not None:
         release(table)  # its pages, before the packed copy is made (fbgemm's reads them again)
-    model.decoder.token_embedding = Int8Embedding(table, rows)
     model.decoder.logits_projection = Int8Linear(table, None, kernel, rows)
+    model.decoder.token_embedding = Int8Embedding(table, rows, model.decoder.logits_projection)
     released()
     return keep

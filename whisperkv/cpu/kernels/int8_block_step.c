@@ -93,7 +93,7 @@ int wkv_int8_block_step(const struct wkv_int8_block *p, float *x, long n, uint16
 struct wkv_int8_decoder {
     const struct wkv_int8_block *const *blocks; /* [layers] */
     long layers;
-    const int8_t *embedding;        /* Int8Embedding's rows [vocab, d] */
+    const int8_t *embedding;        /* the token table: the vocabulary's packed rows (wkv_int8_pack) */
     const float *embedding_scale;   /* and their scales [vocab] */
     long vocab;
     const float *positions;         /* the positional embedding [n_ctx, d] */
@@ -103,17 +103,18 @@ struct wkv_int8_decoder {
     struct wkv_int8_linear projection; /* the vocabulary [vocab, d], no bias */
 };
 
-/* Int8Embedding's lookup (int8 × its row's scale) plus the position's row: PyTorch's two roundings, in
- * its order (no fused multiply-add). */
+/* Int8Embedding's lookup (int8 × its row's scale; row t's 4 inputs k..k+3 sit at line k / 4 of block
+ * t / 16, lane t % 16) plus the position's row: PyTorch's two roundings, in its order (no fused
+ * multiply-add). */
 __attribute__((optimize("no-fast-math", "fp-contract=off"))) static void embed(const struct wkv_int8_decoder *p,
                                                                               const long *tokens, long n,
                                                                               long position, long d, float *x)
 {
     for (long r = 0; r < n; r++) {
-        const int8_t *row = p->embedding + tokens[r] * d;
+        const int8_t *lane = p->embedding + (tokens[r] / 16) * d * 16 + (tokens[r] % 16) * 4;
         const float scale = p->embedding_scale[tokens[r]], *at = p->positions + position * d;
         for (long k = 0; k < d; k++) {
-            const float value = (float)row[k] * scale;
+            const float value = (float)lane[(k / 4) * 64 + k % 4] * scale;
             x[r * d + k] = value + at[k];
         }
     }
