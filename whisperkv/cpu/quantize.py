@@ -16,7 +16,8 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   the rows kernel, which makes twice the products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
   bfloat16 where the CPU has AVX512-BF16, else int8 through fbgemm (``encoder_choice``).
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
-  rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept.
+  rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept, and
+  where the rows kernel holds the vocabulary's rows the embedding reads them there (one int8 table).
 * the Self-KV and Cross-KV are held in bfloat16 where the attention kernel below reads them (half the
   bytes a step reads); float32 where SDPA does, which was slower over bfloat16 keys.
 * a decoder step's attention runs through a small C kernel (``cpu/attend.py``) where a C
@@ -161,7 +162,7 @@ def _quantize_decoder(
     bfloat16_cross: bool,
     release: Callable[[torch.Tensor | None], None] | None,
 ) -> tuple[nn.Module, ...]:
-    """The decoder's blocks a block at a time, then the vocabulary table's two int8 copies; returns the
+    """The decoder's blocks a block at a time, then the vocabulary table's int8 rows; returns the
     Cross-KV projections kept in bfloat16.
 
     The Cross-KV projection is compute-bound like the encoder (1,500 positions a window, once per
@@ -181,7 +182,7 @@ def _quantize_decoder(
         _replace_linears(block, kernel, keep)
         released()
     # the table as stored (float16 or float32), its rows widened a block at a time and quantised once
-    # for both int8 copies (the embedding's rows, the projection's packed from them)
+    # (the projection's, packed from them; the embedding's, read from the packed rows or kept as they are)
     table = model.decoder.token_embedding.weight
     rows = quantized_rows(table)
     if release is not None:
