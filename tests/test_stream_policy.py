@@ -56,7 +56,7 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
     assert off.update(sure("the cat sat on", [0.99] * 4), heard_end=2.0) == []  # off by default
     la = LocalAgreement(confident=0.6)
     # "sat" is unsure, so neither it nor the sure word after it is final yet; "on" ends 0.1 s before
-    # the audio heard (within the margin): it may still be being said
+    # the audio heard (within the margin): it may still be being said (and no word follows it)
     committed = la.update(sure("the cat sat on", [0.9, 0.7, 0.4, 0.99]), heard_end=2.0)
     assert [w.text for w in committed] == [" the", " cat"]
     assert [w.text for w in la.previous] == [" sat", " on"]
@@ -73,10 +73,20 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
 
 def test_confident_words_keep_their_probability_and_times_move_forward():
     la = LocalAgreement(confident=0.5)
-    la.update(sure("a b", [0.9, 0.9]), heard_end=5.0)
-    late = [Word(" c", 0.7, 1.2, 0.9)]  # dated inside "b": clamped to start at its end
-    (word,) = la.update(la.committed + late, heard_end=5.0)
-    assert (word.text, word.start, word.probability) == (" c", 0.9, 0.9)
+    assert [w.text for w in la.update(sure("a b", [0.9, 0.9]), heard_end=5.0)] == [" a"]  # "b": last heard
+    late = [Word(" b", 0.5, 0.9, 0.9), Word(" c", 0.7, 1.2, 0.9), Word(" d", 1.5, 1.9, 0.9)]
+    b, c = la.update(la.committed + late, heard_end=5.0)  # "b" agreed; "c" (dated inside it) sure
+    assert (c.text, c.start, c.probability) == (" c", 0.9, 0.9) and b.probability == 0.9
+
+
+def test_a_confident_word_waits_for_a_word_after_it():
+    """The last word heard is not final at its first hearing, however sure and however long ago it
+    ended: what follows decides its punctuation ("country" or "country."), and a run the model invents
+    at the end of the audio would otherwise be committed word by word."""
+    la = LocalAgreement(confident=0.5)
+    assert la.update(sure("ask not", [0.99, 0.99]), heard_end=5.0) == [la.committed[0]]
+    assert la.committed_text() == "ask" and [w.text for w in la.previous] == [" not"]
+    assert [w.text for w in la.update(sure("ask not what", [0.99] * 3), heard_end=6.0)] == [" not"]
 
 
 class ScriptedDecoder:

@@ -11,9 +11,11 @@ The committed words still heard in the buffer (``first_in_buffer``, kept by the 
 hypothesis is aligned with: "word word word" said three times is three words, not a re-hearing.
 
 With ``confident`` set, a word is also final at its first hearing when the model gave it at least that
-probability and it ends ``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may
-still be being said), as are the words before it: its latency is then what is left of the chunk after
-it, not a chunk more. Off by default.
+probability, it ends ``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may
+still be being said) and a word after it was heard too (what follows decides its punctuation, "country"
+or "country."; and a run the model invents at the end of the audio is not taken word by word), as are
+the words before it: its latency is then what is left of the chunk after it, not a chunk more. Off by
+default.
 
 ``settled`` says how many leading words of the last hypothesis are committed after the update and were
 heard twice (a word final at its first hearing counts once it is heard again): the session cuts its
@@ -140,7 +142,7 @@ class LocalAgreement:
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
         final = agreed
-        while final < len(new) and self._sure_at_once(new[final], heard_end):
+        while final + 1 < len(new) and self._sure_at_once(new[final], heard_end):  # a word after it heard
             final += 1
         commit = self._extend(new[:final])
         self.previous = list(new[final:])
