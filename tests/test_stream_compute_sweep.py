@@ -14,7 +14,8 @@ normalised words (``whisperkv.metrics``' normaliser and jiwer's alignment):
   ``DELETION_BUDGET`` of its words missing at a slower one (0 on jfk).
 
 The default run streams jfk at 1.5 s per update without a VAD (the issue's reproducer, which lost
-"what you can do for your"); every compute time, the other clips and both long files are ``slow``.
+"what you can do for your"); every compute time, the other clips and both long files are ``slow``, each
+with LocalAgreement-2 alone and with ``--confident 0.5``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ CLIPS = (
     "en/librivox_sas01_0870.wav",
 )
 LONG = ("long/lj001_0001-0032_concat.flac", "long/librivox_sonnets_001-003_concat.flac")
+#: every sweep runs with LocalAgreement-2 alone and with ``--confident 0.5``
+CONFIDENT = pytest.mark.parametrize("confident", [None, 0.5], ids=["agreement", "confident"])
 
 
 class Samples:
@@ -102,7 +105,7 @@ def test_jfk_at_one_and_a_half_seconds_per_update_loses_no_word(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("confident", [None, 0.5], ids=["agreement", "confident"])
+@CONFIDENT
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
 @pytest.mark.parametrize("compute", COMPUTE_TIMES)
 def test_jfk_loses_no_word_at_any_compute_time(runs, compute, vad, confident):
@@ -118,20 +121,21 @@ def test_jfk_with_confident_commits_loses_no_word(runs):
     assert normalize_text(streamed) == normalize_text(runs.offline(JFK)), streamed
 
 
-def check_within_budget(runs, clip: str, compute: float, vad: bool) -> None:
-    offline, streamed = runs.offline(clip), runs(clip, compute, vad)
+def check_within_budget(runs, clip: str, compute: float, vad: bool, confident: float | None = None) -> None:
+    offline, streamed = runs.offline(clip), runs(clip, compute, vad, confident)
     words = len(normalize_text(offline).split())
     assert alignment(offline, streamed).deletions <= DELETION_BUDGET * words, (offline, streamed)
     assert wer(offline, streamed) <= WER_BUDGET, (offline, streamed)
-    faster = runs(clip, COMPUTE_TIMES[0], vad)
+    faster = runs(clip, COMPUTE_TIMES[0], vad, confident)
     assert alignment(faster, streamed).deletions <= DELETION_BUDGET * words, (faster, streamed)
 
 
 @pytest.mark.slow
+@CONFIDENT
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
 @pytest.mark.parametrize("compute", COMPUTE_TIMES)
 @pytest.mark.parametrize("clip", CLIPS)
-def test_clips_lose_no_word_beyond_the_budget(runs, clip, compute, vad, request):
+def test_clips_lose_no_word_beyond_the_budget(runs, clip, compute, vad, confident, request):
     if clip == "en/mfa_words.flac" and vad:
         request.applymarker(
             pytest.mark.xfail(
@@ -142,20 +146,22 @@ def test_clips_lose_no_word_beyond_the_budget(runs, clip, compute, vad, request)
                 strict=True,
             )
         )
-    check_within_budget(runs, clip, compute, vad)
+    check_within_budget(runs, clip, compute, vad, confident)
 
 
 @pytest.mark.slow
+@CONFIDENT
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])
 @pytest.mark.parametrize("compute", COMPUTE_TIMES)
 @pytest.mark.parametrize("clip", LONG)
-def test_long_files_lose_no_word_beyond_the_budget(runs, clip, compute, vad):
-    check_within_budget(runs, clip, compute, vad)
+def test_long_files_lose_no_word_beyond_the_budget(runs, clip, compute, vad, confident):
+    check_within_budget(runs, clip, compute, vad, confident)
 
 
 @pytest.mark.slow
+@CONFIDENT
 @pytest.mark.parametrize("compute", COMPUTE_TIMES)
-def test_mfa_words_with_vad_keeps_every_word_of_the_clip(runs, compute, speech_dir):
+def test_mfa_words_with_vad_keeps_every_word_of_the_clip(runs, compute, confident, speech_dir):
     """Against the clip's own words (manifest.tsv): "word" said five times at the end, across two
     utterances the VAD cuts, is five "word"s at every compute time (two were lost at 1.5-5 s, two added at
     0.1-0.5 s: an identical word at the seam was taken for, or not taken for, a re-hearing)."""
@@ -163,7 +169,7 @@ def test_mfa_words_with_vad_keeps_every_word_of_the_clip(runs, compute, speech_d
 
     rows = csv.DictReader(open(speech_dir / "manifest.tsv", encoding="utf-8"), delimiter="\t")
     reference = next(r["reference"] for r in rows if r["file"] == "en/mfa_words.flac")
-    streamed = runs("en/mfa_words.flac", compute, True)
+    streamed = runs("en/mfa_words.flac", compute, True, confident)
     found = alignment(reference, streamed)
     assert found.deletions == 0, streamed
     assert normalize_text(streamed).split().count("word") == reference.split().count("word") == 7

@@ -79,6 +79,19 @@ def test_confident_words_keep_their_probability_and_times_move_forward():
     assert (c.text, c.start, c.probability) == (" c", 0.9, 0.9) and b.probability == 0.9
 
 
+def test_a_confident_word_that_repeats_the_one_before_it_waits_for_a_second_hearing():
+    """Repeats are where the model loops: "word. Word. Word." each final at its first hearing became a
+    prompt of repeats, and the next utterance of mfa_words was heard as six "Word."s where it has two."""
+    la = LocalAgreement(confident=0.5)
+    committed = la.update(sure("more word word word now", [0.99] * 5), heard_end=5.0)
+    assert [w.text for w in committed] == [" more", " word"]  # the second "word" repeats the first
+    la = LocalAgreement(confident=0.5)
+    la.flush(sure("word", [0.99]))
+    assert (
+        la.update(sure("word word then", [0.99] * 3, start=2.0), heard_end=5.0) == []
+    )  # as the committed end
+
+
 def test_a_confident_word_waits_for_a_word_after_it():
     """The last word heard is not final at its first hearing, however sure and however long ago it
     ended: what follows decides its punctuation ("country" or "country."), and a run the model invents

@@ -123,9 +123,17 @@ class LocalAgreement:
             n += 1
         return n
 
-    def _sure_at_once(self, word: Word, heard_end: float | None) -> bool:
-        """Whether ``word`` is final without a second hearing (``confident``)."""
+    def _sure_at_once(self, new: list[Word], i: int, heard_end: float | None) -> bool:
+        """Whether ``new[i]`` is final without a second hearing (``confident``; the caller checks that a
+        word after it was heard). A word that repeats the one before it waits for the second hearing:
+        repeats are where the model loops and where a re-hearing is hardest to tell from a new word
+        (mfa_words' "word. Word. Word." committed at once made a prompt of repeats, and the next
+        utterance was heard as six "Word."s where the clip says two)."""
+        word = new[i]
         if self.confident is None or heard_end is None or word.probability is None:
+            return False
+        before = new[i - 1] if i else (self.committed[-1] if self.committed else None)
+        if before is not None and same_word(before, word):
             return False
         return word.probability >= self.confident and word.end <= heard_end - CONFIDENT_MARGIN_S
 
@@ -142,7 +150,7 @@ class LocalAgreement:
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
         final = agreed
-        while final + 1 < len(new) and self._sure_at_once(new[final], heard_end):  # a word after it heard
+        while final + 1 < len(new) and self._sure_at_once(new, final, heard_end):
             final += 1
         commit = self._extend(new[:final])
         self.previous = list(new[final:])
