@@ -53,8 +53,8 @@ def add_parser(sub) -> None:
         default=None,
         metavar="P",
         help="also commit a word at its first hearing when its probability is at least P, it ends "
-        "0.2 s before the audio heard and a word after it was heard (lower latency; default: only when "
-        "two updates agree)",
+        "0.2 s before the audio heard, a word after it was heard and it does not repeat the word before "
+        "it (lower latency; default: only when two updates agree)",
     )
     p.add_argument("--no_vad", action="store_true", help="no voice activity detection: one utterance")
     p.add_argument("--json", action="store_true", help="one JSON line per event, then the reuse summary")
