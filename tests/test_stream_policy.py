@@ -81,7 +81,8 @@ def test_confident_words_keep_their_probability_and_times_move_forward():
 
 def test_a_confident_word_that_repeats_the_one_before_it_waits_for_a_second_hearing():
     """Repeats are where the model loops: "word. Word. Word." each final at its first hearing became a
-    prompt of repeats, and the next utterance of mfa_words was heard as six "Word."s where it has two."""
+    prompt of repeats, and the next utterance of mfa_words was heard as six "Word."s: eleven in all where
+    the clip has seven."""
     la = LocalAgreement(confident=0.5)
     committed = la.update(sure("more word word word now", [0.99] * 5), heard_end=5.0)
     assert [w.text for w in committed] == [" more", " word"]  # the second "word" repeats the first

@@ -128,7 +128,7 @@ class LocalAgreement:
         word after it was heard). A word that repeats the one before it waits for the second hearing:
         repeats are where the model loops and where a re-hearing is hardest to tell from a new word
         (mfa_words' "word. Word. Word." committed at once made a prompt of repeats, and the next
-        utterance was heard as six "Word."s where the clip says two)."""
+        utterance was heard as six "Word."s: eleven "word"s in all where the clip says seven)."""
         word = new[i]
         if self.confident is None or heard_end is None or word.probability is None:
             return False
