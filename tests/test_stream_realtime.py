@@ -131,6 +131,17 @@ def jfk(speech_dir) -> np.ndarray:
     return load_audio(speech_dir / "en/jfk.flac")
 
 
+async def append_all(ws, pieces: list[bytes], seen: list[dict]) -> None:
+    """Append every piece, then collect the events they bring into ``seen``: events are handled in order,
+    so the error answering a marker sent after them comes after every append's events."""
+    for piece in pieces:
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
+        )
+    await ws.send(json.dumps({"type": "marker.after.audio"}))
+    await until(ws, "error", seen)
+
+
 async def send_bad_frames(ws) -> None:
     """Bad audio, an unknown event, bad JSON, a binary frame and bad session updates, one at a time: each
     answered by an error event with its code and a message."""
@@ -217,15 +228,7 @@ def test_server_vad_session_at_24khz_transcribes_and_survives_bad_frames(server,
             updated = await next_event(ws)
             assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
             await send_bad_frames(ws)
-            for piece in pieces:
-                await ws.send(
-                    json.dumps(
-                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}
-                    )
-                )
-            # events are handled in order: the answer to this marker comes after every append's events
-            await ws.send(json.dumps({"type": "marker.after.audio"}))
-            await until(ws, "error", seen)
+            await append_all(ws, pieces, seen)
         return seen
 
     pieces = [pcm_bytes(audio_24k[i : i + 12000]) for i in range(0, len(audio_24k), 12000)]  # 0.5 s each
@@ -261,14 +264,7 @@ def test_a_confident_session_commits_as_the_in_process_stream_with_it(server, ap
             for confident in (0.9, None, 0.5):
                 await ws.send(update(confident))
                 answers.append(await next_event(ws))
-            for piece in pieces:
-                await ws.send(
-                    json.dumps(
-                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}
-                    )
-                )
-            await ws.send(json.dumps({"type": "marker.after.audio"}))
-            await until(ws, "error", seen)
+            await append_all(ws, pieces, seen)
         return seen, answers
 
     seen, answers = asyncio.run(talk())
