@@ -88,9 +88,8 @@ def test_a_confident_word_that_repeats_the_one_before_it_waits_for_a_second_hear
     assert [w.text for w in committed] == [" more", " word"]  # the second "word" repeats the first
     la = LocalAgreement(confident=0.5)
     la.flush(sure("word", [0.99]))
-    assert (
-        la.update(sure("word word then", [0.99] * 3, start=2.0), heard_end=5.0) == []
-    )  # as the committed end
+    # the first "word" heard is the committed one again; the second repeats it
+    assert la.update(sure("word word then", [0.99] * 3, start=2.0), heard_end=5.0) == []
 
 
 def test_a_confident_word_waits_for_a_word_after_it():
@@ -291,12 +290,8 @@ class SteadyDecoder(ScriptedDecoder):
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
         self.calls.append((start_sample, len(audio), prompt))
         start, end = start_sample / SR, (start_sample + len(audio)) / SR
-        spoken = [Word(f" w{i}", 0.5 * i, 0.5 * i + 0.4, 0.99) for i in range(200)]
-        heard = [
-            Word(w.text, w.start - start, w.end - start, 0.99)
-            for w in spoken
-            if start <= w.start and w.end <= end
-        ]
+        spoken = [(f" w{i}", 0.5 * i, 0.5 * i + 0.4) for i in range(200)]
+        heard = [Word(t, s - start, e - start, 0.99) for t, s, e in spoken if start <= s and e <= end]
         return Hypothesis(heard, [])
 
 
@@ -312,8 +307,7 @@ def test_a_forced_cut_falls_after_words_heard_twice_and_carries_the_confident_on
         session.update()
         agreement = session.agreement
         if not cuts or session.buffer_start != cuts[-1][0]:
-            settled = agreement.committed[: len(agreement.committed) - (agreement.final - agreement.settled)]
-            cuts.append((session.buffer_start, settled[-1].end if settled else 0.0))
+            cuts.append((session.buffer_start, agreement.settled_end))
     forced = [(start, end) for start, end in cuts if start > 0]
     assert forced, "the buffer was never cut"
     assert all(start / SR <= end for start, end in forced)  # never after a word heard only once

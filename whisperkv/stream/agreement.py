@@ -70,6 +70,13 @@ class LocalAgreement:
     def last_end(self) -> float:
         return self.committed[-1].end if self.committed else 0.0
 
+    @property
+    def settled_end(self) -> float:
+        """Where the last committed word heard twice ends (the committed words after it, ``final`` past
+        ``settled``, were final at their first hearing); 0.0 when there is none."""
+        settled = len(self.committed) - (self.final - self.settled)
+        return self.committed[settled - 1].end if settled > 0 else 0.0
+
     def already_committed(self, hypothesis: list[Word]) -> int:
         """How many leading words of ``hypothesis`` are re-hearings of committed words.
 

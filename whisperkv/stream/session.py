@@ -281,13 +281,10 @@ class StreamingSession:
                 events += self._commit(self.agreement.flush(before=heard - WORD_AT_END_S))
             # after the last word heard twice: the words final at their first hearing (``confident``)
             # stay in the buffer, carried, until a second hearing settles where they end
-            unsettled = self.agreement.final - self.agreement.settled
-            committed = self.agreement.committed[: len(self.agreement.committed) - unsettled]
-            cut = min(
-                [committed[-1].end if committed else 0.0] + [w.start for w in self.agreement.previous[:1]]
-            )
-            if cut > self.buffer_start / SAMPLE_RATE:
-                self._cut(int(cut * SAMPLE_RATE), carried=unsettled)  # never into a pending word
+            agreement = self.agreement
+            cut = min([agreement.settled_end] + [w.start for w in agreement.previous[:1]])
+            if cut > self.buffer_start / SAMPLE_RATE:  # never into a pending word
+                self._cut(int(cut * SAMPLE_RATE), carried=agreement.final - agreement.settled)
             elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
