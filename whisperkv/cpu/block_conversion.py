@@ -17,13 +17,18 @@ from torch import nn
 from whisperkv.heap import give_back_free_memory
 
 
-def widen_float16(module: nn.Module) -> None:
+def widen_float16(module: nn.Module, linear_weights: bool = True) -> None:
     """Every float16 parameter and buffer below ``module`` as float32 (exactly), in place; bfloat16 ones
     (already converted) untouched. A float16 model becomes the int8 type a block at a time this way, so
-    its load never holds every float32 weight at once (``load.py``)."""
+    its load never holds every float32 weight at once (``load.py``).
+
+    ``linear_weights=False``: the linear layers' weight matrices stay float16, for a conversion that reads
+    them a few rows at a time (the int8 type's ``quantized_rows``): no float32 copy of a whole block
+    (large-v3-turbo's decoder block: 105 MB)."""
     for sub in module.modules():
+        skip = () if linear_weights or not isinstance(sub, nn.Linear) else ("weight",)
         for name, tensor in list(sub.named_parameters(recurse=False)):
-            if tensor.dtype == torch.float16:
+            if tensor.dtype == torch.float16 and name not in skip:
                 setattr(sub, name, nn.Parameter(tensor.detach().float(), requires_grad=False))
         for name, tensor in list(sub.named_buffers(recurse=False)):
             if tensor.dtype == torch.float16:

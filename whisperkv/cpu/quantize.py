@@ -139,7 +139,7 @@ def quantize_int8(
         if encoder == "bfloat16":
             block.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
         else:
-            widen_float16(block)
+            widen_float16(block, linear_weights=False)  # the linears' rows are widened as quantised
             _replace_linears(block, kernel if encoder == "int8 rows" else None)
         released()  # the block's float16 and float32 copies, not left in the heap's middle
     if encoder == "bfloat16":
@@ -178,15 +178,13 @@ def _quantize_decoder(
             for linear in (block.cross_attn.key, block.cross_attn.value)
         )
     for block in model.decoder.blocks:
-        widen_float16(block)
+        widen_float16(block, linear_weights=False)
         _replace_linears(block, kernel, keep)
         released()
     # the table as stored (float16 or float32), its rows widened a block at a time and quantised once
     # (the projection's, packed from them; the embedding's, read from the packed rows or kept as they are)
     table = model.decoder.token_embedding.weight
-    rows = quantized_rows(table)
-    if release is not None:
-        release(table)  # its pages, before the packed copy is made (fbgemm's reads them again)
+    rows = quantized_rows(table, release)  # its pages handed back as read, before the packed copy is made
     model.decoder.logits_projection = Int8Linear(table, None, kernel, rows)
     model.decoder.token_embedding = Int8Embedding(table, rows, model.decoder.logits_projection)
     released()
