@@ -11,7 +11,7 @@ from tests.conftest import torch_threads
 from whisperkv.stream.agreement import LocalAgreement
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
-from whisperkv.stream.hypothesis import Hypothesis
+from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
 from whisperkv.stream.pcm import PCMError, Resampler, pcm16_to_float
 from whisperkv.stream.runner import run_stream
 from whisperkv.stream.session import StreamingSession
@@ -77,6 +77,21 @@ def test_confident_words_keep_their_probability_and_times_move_forward():
     late = [Word(" b", 0.5, 0.9, 0.9), Word(" c", 0.7, 1.2, 0.9), Word(" d", 1.5, 1.9, 0.9)]
     b, c = la.update(la.committed + late, heard_end=5.0)  # "b" agreed; "c" (dated inside it) sure
     assert (c.text, c.start, c.probability) == (" c", 0.9, 0.9) and b.probability == 0.9
+
+
+def test_a_word_is_as_sure_as_its_punctuation():
+    """A stream's words carry the timing's ``probability_with_marks`` (the word's or its punctuation's,
+    the lower), so ``--confident`` does not commit "forced," at its first hearing when the comma is
+    unsure; a segment without it (not asked for) gives the word's own."""
+    said = [
+        {"word": " forced,", "start": 0.0, "end": 0.4, "probability": 0.88, "probability_with_marks": 0.29},
+        {"word": " aligner", "start": 0.5, "end": 0.9, "probability": 0.74, "probability_with_marks": 0.74},
+        {"word": " now", "start": 1.0, "end": 1.4, "probability": 0.9},
+    ]
+    heard = hypothesis_from_segments([{"end": 1.5, "words": said}], closed=1)
+    assert [w.probability for w in heard.words] == [0.29, 0.74, 0.9]
+    la = LocalAgreement(confident=0.5)
+    assert la.update(heard.words, heard_end=3.0) == []  # "forced," waits, and so do the words after it
 
 
 def test_a_confident_word_that_repeats_the_one_before_it_waits_for_a_second_hearing():

@@ -11,6 +11,7 @@ import torch
 from tests.conftest import require_oracle
 from whisperkv.timing import (
     WordTiming,
+    add_word_timestamps,
     dtw,
     get_end,
     is_segment_anomaly,
@@ -117,6 +118,19 @@ def test_merge_punctuations_chains_and_leaves_inner_marks():
     assert alignment[2].tokens == [0, 1, 2, 3, 4]
 
 
+def test_merge_punctuations_keeps_the_words_probability_and_records_its_marks():
+    """The reference's ``probability`` stays the word's own tokens'; the lowest of the marks attached
+    (before or after it) is kept beside it for a live stream's sureness."""
+    alignment = _words(' "', "Hello", ",", " world", ".", '"', " bare")
+    for timing, probability in zip(alignment, [0.8, 0.9, 0.4, 0.95, 0.6, 0.7, 0.5], strict=True):
+        timing.probability = probability
+    merge_punctuations(alignment, "\"'“¿([{-", "\"'.。,，!！?？:：”)]}、")
+    merged = [w for w in alignment if w.word]
+    assert [w.word for w in merged] == [' "Hello,', ' world."', " bare"]
+    assert [w.probability for w in merged] == [0.9, 0.95, 0.5]
+    assert [w.marks_probability for w in merged] == [0.4, 0.6, 1.0]
+
+
 def test_merge_punctuations_needs_a_space_before_opening_marks():
     alignment = _words("a", "(", "b")
     merge_punctuations(alignment, "(", ")")
@@ -186,6 +200,33 @@ def _clip(name: str) -> np.ndarray:
     if not path.exists():
         pytest.skip(f"speech clip {path} not available")
     return whisperkv.load_audio(str(path))
+
+
+def test_only_a_stream_asks_for_each_words_probability_with_its_punctuation(model):
+    from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+
+    audio = _clip("mfa_surround.flac")[: 30 * 16000]  # one window
+    tokens = [s["tokens"] for s in model.transcribe(audio, temperature=0.0)["segments"] if not s["seek"]]
+    mel = pad_or_trim(log_mel_spectrogram(audio), N_FRAMES)
+    frames = len(audio) // 160
+
+    def words(with_marks: bool) -> list[dict]:
+        segments = [{"seek": 0, "start": 0.0, "end": 11.0, "text": "", "tokens": t} for t in tokens]
+        add_word_timestamps(
+            segments=segments, model=model, tokenizer=model.tokenizer, mel=mel, num_frames=frames,
+            last_speech_timestamp=0.0, with_marks=with_marks,
+        )  # fmt: skip
+        return [w for s in segments for w in s["words"]]
+
+    plain, marked = words(False), words(True)
+    assert all(set(w) == {"word", "start", "end", "probability"} for w in plain)  # the reference's shape
+    assert [{k: w[k] for k in plain[0]} for w in marked] == plain
+    sure = [w["probability_with_marks"] for w in marked]
+    assert all(p <= w["probability"] for p, w in zip(sure, marked, strict=True))
+    unmarked = [w for w in marked if w["word"].strip().isalpha()]
+    assert unmarked and all(w["probability_with_marks"] == w["probability"] for w in unmarked)
+    # ' forced,' (0.88, its comma 0.29): a word sure enough for ``--confident 0.5``, its comma not
+    assert any(w["probability_with_marks"] < 0.5 <= w["probability"] for w in marked)
 
 
 def test_words_are_ordered_inside_their_segments_and_reuse_the_window(model):

@@ -46,6 +46,9 @@ class WordTiming:
     start: float
     end: float
     probability: float
+    #: the least probability of the punctuation ``merge_punctuations`` attached (1.0: none); not in the
+    #: reference's output (its ``probability`` is the word's own tokens'), a live stream's sureness
+    marks_probability: float = 1.0
 
 
 # --------------------------------------------------------------------------------- alignment
@@ -174,6 +177,7 @@ def merge_punctuations(alignment: list[WordTiming], prepended: str, appended: st
         if mark.word.startswith(" ") and mark.word.strip() in prepended:
             following.word = mark.word + following.word
             following.tokens = mark.tokens + following.tokens
+            following.marks_probability = min(following.marks_probability, mark.probability)
             mark.word, mark.tokens = "", []
         else:
             target = i
@@ -184,6 +188,7 @@ def merge_punctuations(alignment: list[WordTiming], prepended: str, appended: st
         if not previous.word.endswith(" ") and mark.word in appended:
             previous.word = previous.word + mark.word
             previous.tokens = previous.tokens + mark.tokens
+            previous.marks_probability = min(previous.marks_probability, mark.probability)
             mark.word, mark.tokens = "", []
         else:
             target = i
@@ -209,12 +214,15 @@ def add_word_timestamps(
     store: CacheStore | None = None,
     medfilt_width: int = 7,
     qk_scale: float = 1.0,
+    with_marks: bool = False,
 ) -> None:
     """Give every segment of one window a ``"words"`` list; adjust segment start/end to the words.
 
     ``segments`` are the window's segments (same ``seek``); ``num_frames`` is how many Mel frames of
     the window are real audio. The window's encoder output and Cross-KV are reused when ``window`` is
-    given (the usual case); ``mel`` is only encoded when it is not.
+    given (the usual case); ``mel`` is only encoded when it is not. ``with_marks``: each word also
+    carries ``"probability_with_marks"``, its probability or its punctuation's if lower (a live stream
+    commits a word at its first hearing by it: "country." is only as sure as its full stop).
     """
     if len(segments) == 0:
         return
@@ -239,7 +247,7 @@ def add_word_timestamps(
     time_offset = segments[0]["seek"] * HOP_LENGTH / SAMPLE_RATE
     word_index = 0
     for segment, seg_tokens in zip(segments, text_tokens_per_segment, strict=True):
-        words, word_index = _segment_words(alignment, word_index, len(seg_tokens), time_offset)
+        words, word_index = _segment_words(alignment, word_index, len(seg_tokens), time_offset, with_marks)
         if words:
             _fit_segment(segment, words, last_speech_timestamp, median_duration, max_duration)
             last_speech_timestamp = segment["end"]
@@ -264,7 +272,7 @@ def _clamp_long_words(alignment: list[WordTiming]) -> tuple[float, float]:
 
 
 def _segment_words(
-    alignment: list[WordTiming], word_index: int, n_tokens: int, time_offset: float
+    alignment: list[WordTiming], word_index: int, n_tokens: int, time_offset: float, with_marks: bool
 ) -> tuple[list[dict], int]:
     """The words of one segment (those its ``n_tokens`` text tokens make), from ``word_index`` on, in
     seconds from the start of the audio; and the index of the next segment's first word."""
@@ -281,6 +289,8 @@ def _segment_words(
                     "probability": timing.probability,
                 }
             )
+            if with_marks:
+                words[-1]["probability_with_marks"] = min(timing.probability, timing.marks_probability)
         consumed += len(timing.tokens)
         word_index += 1
     return words, word_index

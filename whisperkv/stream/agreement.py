@@ -11,11 +11,12 @@ The committed words still heard in the buffer (``first_in_buffer``, kept by the 
 hypothesis is aligned with: "word word word" said three times is three words, not a re-hearing.
 
 With ``confident`` set, a word is also final at its first hearing when the model gave it at least that
-probability, it ends ``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may
-still be being said) and a word after it was heard too (what follows decides its punctuation, "country"
-or "country."; and a run the model invents at the end of the audio is not taken word by word) and it
-does not repeat the word before it (repeats are where the model loops), as are the words before it:
-its latency is then what is left of the chunk after it, not a chunk more. Off by default.
+probability (and the punctuation attached to it: "country." is only as sure as its full stop), it ends
+``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may still be being said) and a
+word after it was heard too (what follows decides its punctuation, "country" or "country."; and a run
+the model invents at the end of the audio is not taken word by word) and it does not repeat the word
+before it (repeats are where the model loops), as are the words before it: its latency is then what is
+left of the chunk after it, not a chunk more. Off by default.
 
 ``settled`` says how many leading words of the last hypothesis are committed after the update and were
 heard twice (a word final at its first hearing counts once it is heard again): the session cuts its

@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
         type=probability,
         default=None,
         metavar="P",
-        help="also commit a word at its first hearing when its probability is at least P, it ends "
+        help="also commit a word at its first hearing when its probability (and its punctuation's) is "
+        "at least P, it ends "
         "0.2 s before the audio heard, a word after it was heard and it does not repeat the word before "
         "it (lower latency; default: only when two updates agree)",
     )

@@ -17,7 +17,8 @@ class Word:
     text: str  # as the tokenizer spells it, usually with its leading space
     start: float
     end: float
-    #: the model's probability of the word's tokens (``timing``), where a decode gave one
+    #: the model's probability of the word's tokens, or of the punctuation attached to it where that is
+    #: lower (``timing``'s ``probability_with_marks``), where a decode gave one
     probability: float | None = field(default=None, compare=False)
 
 

@@ -104,10 +104,16 @@ def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> 
     return segments, len(segments) - 1
 
 
+def _sureness(word: dict) -> float | None:
+    """A word's probability with its punctuation's where the timing gave it, else its own."""
+    return word.get("probability_with_marks", word.get("probability"))
+
+
 def hypothesis_from_segments(segments: list[dict], closed: int) -> Hypothesis:
-    """Words of segments that carry ``words`` (openai-whisper's shape); the first ``closed`` are complete."""
+    """Words of segments that carry ``words`` (openai-whisper's shape); the first ``closed`` are complete.
+    A word's probability is its ``probability_with_marks`` where the timing gave one."""
     words = [
-        Word(w["word"], float(w["start"]), float(w["end"]), w.get("probability"))
+        Word(w["word"], float(w["start"]), float(w["end"]), _sureness(w))
         for s in segments
         for w in s.get("words", [])
     ]

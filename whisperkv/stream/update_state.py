@@ -175,6 +175,7 @@ class StreamState:
             last_speech_timestamp=0.0,
             window=window,
             store=self.store,
+            with_marks=True,  # ``--confident`` weighs a word with its punctuation
         )
         hypothesis = hypothesis_from_segments(segments, closed)
         hypothesis.repetitive = result.compression_ratio > 2.4
