@@ -41,9 +41,11 @@ def quantized_rows(
     and the scales.
 
     One pass, a few rows at a time, each block widened once into one float32 temporary and rounded in
-    place: the whole-table passes (scales, then values, four temporaries of 4,096 rows each) held 310 MB
-    more than the result while large-v3-turbo's vocabulary was quantised. ``after_block`` is called with
-    each block of ``weight`` once read (a memory-mapped checkpoint's pages handed back as it goes)."""
+    place, so the load's peak holds little more than the result: with two passes over the table (the
+    scales, then the values, three float32 temporaries of 4,096 rows each) and its float16 pages held to
+    the end, quantising large-v3-turbo's vocabulary took the load 310 MB over the model before it.
+    ``after_block`` is called with each block of ``weight`` once read (a memory-mapped checkpoint's pages
+    handed back as it goes)."""
     qweight = torch.empty(weight.shape, dtype=torch.int8)
     scales = torch.empty(weight.shape[0], dtype=torch.float32)
     for rows in row_blocks(weight):
