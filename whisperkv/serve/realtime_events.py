@@ -170,8 +170,8 @@ def session_update(session: Any) -> SessionUpdate:
 
 def _confident(value: Any) -> float | None:
     """``transcription.confident`` (a whisperkv extension, ``whisperkv stream --confident``): a number
-    above 0 and at most 1 commits a word the model gave that probability at its first hearing; null
-    turns it off. Python's JSON reader takes NaN and Infinity: refused with the rest."""
+    above 0 and at most 1 commits a word the model gave that probability (it and its punctuation) at its
+    first hearing; null turns it off. Python's JSON reader takes NaN and Infinity: refused with the rest."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
