@@ -1,10 +1,11 @@
 """int8 kernels for a decoder step: fbgemm's dynamic quantisation, the rows kernel, weight-only int8.
 
     PYTHONPATH=. .venv/bin/python benchmarks/int8_kernels.py [--threads 2] [--rows 1,5,40] [--repeats 15]
-        [--against COMMIT [--transcribe short,utterances]]
+        [--shapes "MLP up,Cross-KV key"] [--against COMMIT [--transcribe short,utterances]]
 
 For each decoder-shaped product of tiny.en (fused query/key/value, MLP up and down, the vocabulary
-projection) on ``--rows`` rows (1: greedy, 5: a beam-5 window, 40: batched beam 5): ``Int8Linear``
+projection, a Cross-KV key or value: 1,500 rows a window) on ``--rows`` rows (1: greedy, 5: a beam-5
+window, 40: batched beam 5): ``Int8Linear``
 through fbgemm (``quantized::linear_dynamic``: int8 weights with per-row scales, one activation scale
 per call), through the C rows kernel (``cpu/int8_rows.py``: the same int8 weights, one scale per
 row), and ``aten._weight_int8pack_mm`` (activations kept in bfloat16). Each is timed warm (the same
@@ -38,6 +39,7 @@ SHAPES = {
     "MLP up": (1536, 384),
     "MLP down": (384, 1536),
     "vocabulary": (51864, 384),
+    "Cross-KV key": (384, 384),
 }
 
 
@@ -45,6 +47,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", default="1", help="comma list of row counts")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of the products to time")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--against", help="a commit whose int8 rows kernel to time beside the current one")
     p.add_argument("--transcribe", help="with --against: whole transcriptions of these bench.py audios")
@@ -65,7 +68,8 @@ def main() -> int:
     print(f"\n{header}  max |error| " + ", ".join(ways))
     gen = torch.Generator().manual_seed(0)
     flush = torch.empty(16 * 1024 * 1024)
-    for name, (out, width) in SHAPES.items():
+    for name in args.shapes.split(","):
+        out, width = SHAPES[name]
         weight = torch.randn(out, width, generator=gen) * 0.05
         layers = {"fbgemm": [Int8Linear(weight, None) for _ in range(3)]}
         if kernel is not None:
@@ -171,9 +175,10 @@ def _kernel_at(commit: str):  # noqa: ANN202 - an Int8RowsKernel, or None
     if helpers.returncode == 0:
         sources.append(folder / "rows_f32.c")
         sources[1].write_bytes(helpers.stdout)
-    header = show("amx.h")  # included by int8_rows.c from round 18 on
-    if header.returncode == 0:
-        (folder / "amx.h").write_bytes(header.stdout)
+    for name in ("amx.h", "int8_avx2.h"):  # included by int8_rows.c from round 18 and session 54 on
+        header = show(name)
+        if header.returncode == 0:
+            (folder / name).write_bytes(header.stdout)
     built = folder / "int8_rows.so"
     compile_library(compiler, built, sources=tuple(sources))
     library = ctypes.CDLL(str(built))

@@ -118,30 +118,37 @@ def test_the_plain_c_and_avx2_paths_give_the_librarys_numbers(kernel, tmp_path):
     plain = _int8_rows_build(tmp_path, "plain", ("-mno-avx2", "-mno-avx512f", "-mno-amx-int8"))
     builds = [plain]
     if cpu_has_avx2():  # AVX2 without AVX-512 (nor VNNI, nor AMX's tiles, which need VNNI's layout)
-        builds.append(_int8_rows_build(tmp_path, "avx2", ("-mavx2", "-mno-avx512f", "-mno-amx-int8")))
+        avx2 = ("-mavx2", "-mno-avx512f", "-mno-amx-int8")
+        builds.append(_int8_rows_build(tmp_path, "avx2", avx2))
+        # the same with every call through the pairs: its widened path (8 rows or more) held to them too
+        builds.append(_int8_rows_build(tmp_path, "avx2_pairs", (*avx2, "-DWIDE_MIN_ROWS=1000000")))
     # 1-10 rows: each group size the VNNI path splits a step's rows into (1-8 rows, several chains a
-    # row) and the AVX2 path's pairs and odd last row, then 21 (a full block of 16, and 5); widths of
-    # 24 and 25 dot-product steps (a split's tail); outputs not a multiple of 16
+    # row) and the AVX2 path's pairs and odd last row; 8-10, 21, 47 and 93: the AVX2 path's widened
+    # rows, 45 a pass in fives, with a last group of each size (1-4) and a second and third pass; 21 is
+    # also a full VNNI block of 16, and 5. Widths of 24 and 25 dot-product steps (a split's tail);
+    # outputs not a multiple of 16
     for width in (96, 100):
         weight, bias = _layer(100, width)
         fast_layer = Int8Linear(weight, bias, kernel)
-        x = torch.randn(21, width, generator=torch.Generator().manual_seed(5)) * 3
+        x = torch.randn(93, width, generator=torch.Generator().manual_seed(5)) * 3
         for slow in builds:
             slow_layer = Int8Linear(weight, bias, slow)
             assert torch.equal(fast_layer._packed, slow_layer._packed)
-            for rows in (*range(1, 11), 21):
+            for rows in (*range(1, 11), 21, 47, 93):
                 assert torch.equal(fast_layer(x[:rows]), slow_layer(x[:rows])), (width, rows)
     # the largest sums the widest input can make: every input quantised to 255, every weight to +-127
     # (a row of ones, rows of +-1): 255 x 127 x 5120 = 165,811,200 each, exact in 32 bits, where
-    # AVX2's byte product (vpmaddubsw) would saturate every pair at 32,767
+    # AVX2's byte product (vpmaddubsw) would saturate every pair at 32,767; 3 rows (pairs) and 9 (widened)
     width = int8_rows.MAX_IN
     weight = torch.ones(32, width) * torch.tensor([1.0, -1.0]).repeat(16)[:, None]
-    for slow in builds:
-        y = Int8Linear(weight, None, slow)(torch.ones(3, width))
-        assert torch.equal(y, Int8Linear(weight, None, kernel)(torch.ones(3, width)))
-        # the scales' float rounding aside (255 x 1/255 x 127 x 1/127 is not exactly 1): a saturated
-        # sum would be about half
-        assert torch.allclose(y, torch.tensor([float(width), -float(width)]).repeat(3, 16), rtol=1e-6)
+    for rows in (3, 9):
+        ones = torch.ones(rows, width)
+        for slow in builds:
+            y = Int8Linear(weight, None, slow)(ones)
+            assert torch.equal(y, Int8Linear(weight, None, kernel)(ones))
+            # the scales' float rounding aside (255 x 1/255 x 127 x 1/127 is not exactly 1): a saturated
+            # sum would be about half
+            assert torch.allclose(y, torch.tensor([float(width), -float(width)]).repeat(rows, 16), rtol=1e-6)
 
 
 def test_amx_products_are_the_vnni_products(kernel):

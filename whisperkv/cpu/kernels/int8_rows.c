@@ -227,12 +227,32 @@ static inline __attribute__((always_inline)) void epilogue(const int32_t *sums, 
 void wkv_gelu_row(float *v, long count); /* rows_f32.c: 16 at a time, the same bits wherever a value falls */
 void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out);
 
+/* One row's ``lanes`` outputs of one block stored at ``to``: the epilogue, GELU when do_gelu, plus
+ * ``residual`` (or NULL; it may be ``to`` itself). */
+static inline __attribute__((always_inline)) void finish_row(const int32_t *sums, int32_t zero, float scale,
+                                                             const int32_t *w_sum, const float *w_scale,
+                                                             const float *bias, int do_gelu, const float *residual,
+                                                             float *to, long lanes)
+{
+    float v[LANES] __attribute__((aligned(64))) = {0};
+    if (lanes == LANES) /* a full block: a count the compiler makes one vector of */
+        epilogue(sums, zero, scale, w_sum, w_scale, bias, v, LANES);
+    else
+        epilogue(sums, zero, scale, w_sum, w_scale, bias, v, lanes);
+    if (do_gelu) wkv_gelu_row(v, LANES);
+    if (residual)
+        for (long lane = 0; lane < lanes; lane++) to[lane] = residual[lane] + v[lane];
+    else
+        memcpy(to, v, sizeof(float) * (size_t)lanes);
+}
+
 /* y [R, out] (rows ys floats apart) = x [R, in] (rows x_row floats apart) times the packed weights
  * transposed, each output o scaled by w_scale[o], its row sum w_sum[o] taking out the zero point, plus
  * bias (or NULL), then GELU when do_gelu, then + residual[r] (rows rs floats apart, or NULL; it may be
  * y itself). Every row is quantised first; then each thread takes whole weight blocks (16 outputs) and
- * runs all the rows through a block, ROWS at a time (16 * AMX_GROUPS through AMX), while it sits in the
- * CPU's first-level cache: the weights are read from memory once per call, however many rows.
+ * runs all the rows through a block, ROWS at a time (16 * AMX_GROUPS through AMX, WIDE_CHUNK through
+ * int8_avx2.h's widened block), while it sits in the CPU's first- or second-level cache: the weights are
+ * read from memory once per call, however many rows.
  * ``allow_amx``: AMX where built, permitted, and the call fits it. Returns 0,
  * or 1 when ``in`` is out of range or not a multiple of 4, 2 when the rows' buffer cannot be allocated
  * (nothing written). One copy (noinline) for every entry below: an output's bits never depend on which
@@ -250,32 +270,52 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
     (void)allow_amx;
 #endif
     const long padded = amx ? (R + 15) / 16 * 16 : R; /* a tile reads 16 rows: the rest are zeros */
+#ifdef WKV_INT8_AVX2
+    const int wide = R >= WIDE_MIN_ROWS; /* int8_avx2.h: rows and weight blocks widened once */
+#else
+    const int wide = 0;
+#endif
     uint8_t *xq = malloc((size_t)(padded * in));
+    int16_t *xw = wide ? malloc(sizeof(int16_t) * (size_t)(R * in)) : NULL;
     float *scale = malloc(sizeof(float) * (size_t)R);
     int32_t *zero = malloc(sizeof(int32_t) * (size_t)R);
-    if (!xq || !scale || !zero) {
+    if (!xq || !scale || !zero) { /* without xw, the pairs: the same sums */
         free(xq);
+        free(xw);
         free(scale);
         free(zero);
         return 2;
     }
     /* each row on its own: the same bits on any thread; in parallel for an encoder window's 1,500 rows */
 #pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
-    for (long r = 0; r < R; r++) quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
+    for (long r = 0; r < R; r++) {
+        quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
+        if (xw)
+            for (long i = 0; i < in; i++) xw[r * in + i] = xq[r * in + i];
+    }
     memset(xq + R * in, 0, (size_t)((padded - R) * in));
     const long blocks = (out + LANES - 1) / LANES;
+#ifdef WKV_INT8_AVX2
+    const long chunk = wide ? WIDE_CHUNK : ROWS; /* a thread without its widened block takes them too */
+#else
     const long chunk = amx ? 16 * AMX_GROUPS : ROWS;
+#endif
     const int stream = out * in >= STREAMED;
 #pragma omp parallel
     {
 #ifdef WKV_AMX
         if (amx) amx_configure();
 #endif
+        /* this thread's widened weight block; where it cannot be had, the pairs: the same sums */
+        int16_t *wblock = xw ? malloc(sizeof(int16_t) * (size_t)(LANES * in)) : NULL;
 #pragma omp for schedule(static)
         for (long b = 0; b < blocks; b++) {
             const int8_t *block = packed + b * (in / 4) * LANES * 4;
             if (stream && b + AHEAD < blocks) /* a later block's lines asked for now: see AHEAD */
                 for (long byte = 0; byte < in * LANES; byte += 64) __builtin_prefetch(block + AHEAD * in * LANES + byte);
+#ifdef WKV_INT8_AVX2
+            if (wblock) avx2_widen_block(block, in, wblock);
+#endif
             const long lanes = out - b * LANES < LANES ? out - b * LANES : LANES;
             int32_t sums[16 * AMX_GROUPS][LANES] __attribute__((aligned(64)));
             for (long r0 = 0; r0 < R; r0 += chunk) {
@@ -284,31 +324,26 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
                 if (amx)
                     amx_block_sums(xq + r0 * in, in, n, in, block, sums);
                 else
+#elif defined(WKV_INT8_AVX2)
+                if (wblock)
+                    avx2_wide_sums(xw + r0 * in, in, n, wblock, sums);
+                else
 #endif
                     block_sums(xq + r0 * in, in, n, in, block, sums);
-                for (long r = 0; r < n; r++) {
-                    float v[LANES] __attribute__((aligned(64))) = {0};
-                    if (lanes == LANES) /* a full block: a count the compiler makes one vector of */
-                        epilogue(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
-                                 bias ? bias + b * LANES : NULL, v, LANES);
-                    else
-                        epilogue(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
-                                 bias ? bias + b * LANES : NULL, v, lanes);
-                    if (do_gelu) wkv_gelu_row(v, LANES);
-                    float *to = y + (r0 + r) * ys + b * LANES;
-                    if (residual)
-                        for (long lane = 0; lane < lanes; lane++)
-                            to[lane] = residual[(r0 + r) * rs + b * LANES + lane] + v[lane];
-                    else
-                        memcpy(to, v, sizeof(float) * (size_t)lanes);
-                }
+                for (long r = 0; r < n; r++)
+                    finish_row(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
+                               bias ? bias + b * LANES : NULL, do_gelu,
+                               residual ? residual + (r0 + r) * rs + b * LANES : NULL, y + (r0 + r) * ys + b * LANES,
+                               lanes);
             }
         }
 #ifdef WKV_AMX
         if (amx) _tile_release();
 #endif
+        free(wblock);
     }
     free(xq);
+    free(xw);
     free(scale);
     free(zero);
     return 0;
