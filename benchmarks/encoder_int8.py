@@ -11,8 +11,9 @@ on a machine shared with other work the wall time moves with the others' load, t
   int8 rows kernel (``cpu/int8_rows.py``: each position quantised on its own) and fbgemm (one scale a
   window), with each one's mean distance to the float64 product;
 * one window through an encoder of ``--layers`` layers of the size's width (random weights): the int8
-  type's ``bfloat16`` encoder, its ``int8 rows`` encoder (``cpu/int8_encoder.py``), and that one's twin
-  (PyTorch's block over the same int8 linears, the float32 convolutions), with each output's mean
+  type's ``bfloat16`` encoder (where the CPU multiplies bfloat16 natively), its ``int8 rows`` encoder
+  (``cpu/int8_encoder.py``), that one's twin (PyTorch's block over the same int8 linears, the float32
+  convolutions) and its ``int8`` encoder (fbgemm's linears, one scale a window), with each output's mean
   distance to the float32 encoder's.
 """
 
@@ -34,7 +35,7 @@ from provenance import describe  # noqa: E402
 from whisperkv.cpu.int8_linear import Int8Linear  # noqa: E402
 from whisperkv.cpu.int8_rows import load_rows_kernel  # noqa: E402
 from whisperkv.cpu.plan import use_attention_kernels  # noqa: E402
-from whisperkv.cpu.quantize import quantize_int8  # noqa: E402
+from whisperkv.cpu.quantize import cpu_has_fast_bfloat16, quantize_int8  # noqa: E402
 from whisperkv.load import model_from_checkpoint  # noqa: E402
 from whisperkv.model.dims import KNOWN_DIMS, ModelDims  # noqa: E402
 from whisperkv.model.random_weights import random_checkpoint  # noqa: E402
@@ -108,7 +109,11 @@ def encoders(dims: ModelDims, repeats: int) -> None:
     with torch.no_grad():
         exact = model_from_checkpoint(random_checkpoint(dims, 0)).embed_audio(mel)
         models = {}
-        for name in ("bfloat16", "int8 rows", "int8 rows twin"):
+        names = ("bfloat16", "int8 rows", "int8 rows twin", "int8")
+        if not cpu_has_fast_bfloat16():  # PyTorch's bfloat16 without native products: ~50x float32's time
+            print("\nno native bfloat16 products on this CPU: the bfloat16 encoder is left out")
+            names = names[1:]
+        for name in names:
             model = quantize_int8(model_from_checkpoint(random_checkpoint(dims, 0)), encoder=name[:9].strip())
             if name.endswith("twin"):
                 use_attention_kernels(model, linears=False)

@@ -71,11 +71,14 @@ def main() -> int:
     for name in args.shapes.split(","):
         out, width = SHAPES[name]
         weight = torch.randn(out, width, generator=gen) * 0.05
-        layers = {"fbgemm": [Int8Linear(weight, None) for _ in range(3)]}
+        # a bias, as most of the model's layers have: the rows kernel adds it in its float epilogue, whose
+        # last bits follow how the compiler arranged the code (-ffast-math), so --against checks them too
+        bias = torch.randn(out, generator=gen) * 0.05
+        layers = {"fbgemm": [Int8Linear(weight, bias) for _ in range(3)]}
         if kernel is not None:
-            layers["rows kernel"] = [Int8Linear(weight, None, kernel) for _ in range(3)]
+            layers["rows kernel"] = [Int8Linear(weight, bias, kernel) for _ in range(3)]
         if other is not None:  # the same packed layout: only the kernel differs
-            layers[f"at {args.against}"] = [Int8Linear(weight, None, other) for _ in range(3)]
+            layers[f"at {args.against}"] = [Int8Linear(weight, bias, other) for _ in range(3)]
         scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
         qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
         packs = [(qweight.clone(), scales.to(torch.bfloat16)) for _ in range(3)]
@@ -83,14 +86,19 @@ def main() -> int:
             x = torch.randn(rows, width, generator=gen)
 
             def call(
-                way: str, i: int, x: torch.Tensor = x, layers: dict = layers, packs: list = packs
+                way: str,
+                i: int,
+                x: torch.Tensor = x,
+                layers: dict = layers,
+                packs: list = packs,
+                bias: torch.Tensor = bias,
             ) -> torch.Tensor:
                 if way == "int8pack":
                     q, s = packs[i]
-                    return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, s).float()
+                    return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, s).float() + bias
                 return layers[way][i](x)
 
-            reference = x @ weight.T
+            reference = x @ weight.T + bias
             errors = [float((call(w, 0) - reference).abs().max()) for w in ways]
             if other is not None:
                 same = torch.equal(call("rows kernel", 0), call(f"at {args.against}", 0))

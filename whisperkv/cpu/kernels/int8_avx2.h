@@ -18,6 +18,7 @@
 #define WKV_INT8_AVX2_H
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define AVX2_GROUP 2 /* rows a pass: 2 x 4 accumulators + 4 weight registers + 2 rows of 16 */
@@ -71,6 +72,17 @@ static void avx2_block_sums(const uint8_t *xq, long stride, long n, long in, con
 #endif
 #define WIDE_GROUP 5  /* rows a pass: 5 x 2 accumulators + 2 weight registers + 1 input pair + 2 products */
 #define WIDE_CHUNK 45 /* rows whose sums a pass over a block keeps (<= 16 * AMX_GROUPS in int8_rows.c) */
+
+/* Rows quantised to bytes [R, in] as int16, or NULL where they cannot be allocated. */
+static int16_t *avx2_widened_rows(const uint8_t *xq, long R, long in)
+{
+    int16_t *xw = malloc(sizeof(int16_t) * (size_t)(R * in));
+    if (xw)
+#pragma omp parallel for schedule(static) if (R >= 64) /* PARALLEL_ROWS, as the rows were quantised */
+        for (long r = 0; r < R; r++)
+            for (long i = 0; i < in; i++) xw[r * in + i] = xq[r * in + i];
+    return xw;
+}
 
 /* A packed block [in/4][16][4] int8 into [in/2][16][2] int16: each quarter line (4 outputs x 4 inputs)
  * split into its outputs' first and second input pairs, each widened. */

@@ -227,23 +227,43 @@ static inline __attribute__((always_inline)) void epilogue(const int32_t *sums, 
 void wkv_gelu_row(float *v, long count); /* rows_f32.c: 16 at a time, the same bits wherever a value falls */
 void wkv_layer_norm(const float *x, long in, const float *weight, const float *bias, float eps, float *out);
 
-/* One row's ``lanes`` outputs of one block stored at ``to``: the epilogue, GELU when do_gelu, plus
- * ``residual`` (or NULL; it may be ``to`` itself). */
-static inline __attribute__((always_inline)) void finish_row(const int32_t *sums, int32_t zero, float scale,
-                                                             const int32_t *w_sum, const float *w_scale,
-                                                             const float *bias, int do_gelu, const float *residual,
-                                                             float *to, long lanes)
+/* A call's rows, each quantised on its own (``quantise``): xq [padded, in] (rows past R zero), scale
+ * and zero [R]; and, where int8_avx2.h's widened path takes the call, the same values as int16 (xw),
+ * else NULL (where it cannot be allocated too: the pairs then, the same sums). */
+struct quantised {
+    uint8_t *xq;
+    int16_t *xw;
+    float *scale;
+    int32_t *zero;
+};
+
+static void free_quantised(struct quantised *q)
 {
-    float v[LANES] __attribute__((aligned(64))) = {0};
-    if (lanes == LANES) /* a full block: a count the compiler makes one vector of */
-        epilogue(sums, zero, scale, w_sum, w_scale, bias, v, LANES);
-    else
-        epilogue(sums, zero, scale, w_sum, w_scale, bias, v, lanes);
-    if (do_gelu) wkv_gelu_row(v, LANES);
-    if (residual)
-        for (long lane = 0; lane < lanes; lane++) to[lane] = residual[lane] + v[lane];
-    else
-        memcpy(to, v, sizeof(float) * (size_t)lanes);
+    free(q->xq);
+    free(q->xw);
+    free(q->scale);
+    free(q->zero);
+}
+
+/* Returns 0, or 2 (nothing held) when a buffer cannot be allocated. */
+static int quantise_rows(const float *x, long x_row, long R, long in, long padded, struct quantised *q)
+{
+    q->xq = malloc((size_t)(padded * in));
+    q->scale = malloc(sizeof(float) * (size_t)R);
+    q->zero = malloc(sizeof(int32_t) * (size_t)R);
+    q->xw = NULL;
+    if (!q->xq || !q->scale || !q->zero) {
+        free_quantised(q);
+        return 2;
+    }
+    /* each row on its own: the same bits on any thread; in parallel for an encoder window's 1,500 rows */
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
+    for (long r = 0; r < R; r++) quantise(x + r * x_row, in, q->xq + r * in, q->scale + r, q->zero + r);
+    memset(q->xq + R * in, 0, (size_t)((padded - R) * in));
+#ifdef WKV_INT8_AVX2
+    if (R >= WIDE_MIN_ROWS) q->xw = avx2_widened_rows(q->xq, R, in);
+#endif
+    return 0;
 }
 
 /* y [R, out] (rows ys floats apart) = x [R, in] (rows x_row floats apart) times the packed weights
@@ -270,33 +290,13 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
     (void)allow_amx;
 #endif
     const long padded = amx ? (R + 15) / 16 * 16 : R; /* a tile reads 16 rows: the rest are zeros */
-#ifdef WKV_INT8_AVX2
-    const int wide = R >= WIDE_MIN_ROWS; /* int8_avx2.h: rows and weight blocks widened once */
-#else
-    const int wide = 0;
-#endif
-    uint8_t *xq = malloc((size_t)(padded * in));
-    int16_t *xw = wide ? malloc(sizeof(int16_t) * (size_t)(R * in)) : NULL;
-    float *scale = malloc(sizeof(float) * (size_t)R);
-    int32_t *zero = malloc(sizeof(int32_t) * (size_t)R);
-    if (!xq || !scale || !zero) { /* without xw, the pairs: the same sums */
-        free(xq);
-        free(xw);
-        free(scale);
-        free(zero);
-        return 2;
-    }
-    /* each row on its own: the same bits on any thread; in parallel for an encoder window's 1,500 rows */
-#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
-    for (long r = 0; r < R; r++) {
-        quantise(x + r * x_row, in, xq + r * in, scale + r, zero + r);
-        if (xw)
-            for (long i = 0; i < in; i++) xw[r * in + i] = xq[r * in + i];
-    }
-    memset(xq + R * in, 0, (size_t)((padded - R) * in));
+    struct quantised q;
+    if (quantise_rows(x, x_row, R, in, padded, &q)) return 2;
+    uint8_t *xq = q.xq;
+    const int16_t *xw = q.xw;
     const long blocks = (out + LANES - 1) / LANES;
 #ifdef WKV_INT8_AVX2
-    const long chunk = wide ? WIDE_CHUNK : ROWS; /* a thread without its widened block takes them too */
+    const long chunk = xw ? WIDE_CHUNK : ROWS; /* a thread without its widened block takes them too */
 #else
     const long chunk = amx ? 16 * AMX_GROUPS : ROWS;
 #endif
@@ -330,11 +330,22 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
                 else
 #endif
                     block_sums(xq + r0 * in, in, n, in, block, sums);
-                for (long r = 0; r < n; r++)
-                    finish_row(sums[r], zero[r0 + r], scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
-                               bias ? bias + b * LANES : NULL, do_gelu,
-                               residual ? residual + (r0 + r) * rs + b * LANES : NULL, y + (r0 + r) * ys + b * LANES,
-                               lanes);
+                for (long r = 0; r < n; r++) {
+                    float v[LANES] __attribute__((aligned(64))) = {0};
+                    if (lanes == LANES) /* a full block: a count the compiler makes one vector of */
+                        epilogue(sums[r], q.zero[r0 + r], q.scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
+                                 bias ? bias + b * LANES : NULL, v, LANES);
+                    else
+                        epilogue(sums[r], q.zero[r0 + r], q.scale[r0 + r], w_sum + b * LANES, w_scale + b * LANES,
+                                 bias ? bias + b * LANES : NULL, v, lanes);
+                    if (do_gelu) wkv_gelu_row(v, LANES);
+                    float *to = y + (r0 + r) * ys + b * LANES;
+                    if (residual)
+                        for (long lane = 0; lane < lanes; lane++)
+                            to[lane] = residual[(r0 + r) * rs + b * LANES + lane] + v[lane];
+                    else
+                        memcpy(to, v, sizeof(float) * (size_t)lanes);
+                }
             }
         }
 #ifdef WKV_AMX
@@ -342,10 +353,7 @@ static __attribute__((noinline)) int int8_rows(const float *x, long x_row, long 
 #endif
         free(wblock);
     }
-    free(xq);
-    free(xw);
-    free(scale);
-    free(zero);
+    free_quantised(&q);
     return 0;
 }
 
