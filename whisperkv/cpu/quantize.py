@@ -80,10 +80,10 @@ def encoder_choice(kernel: Int8RowsKernel | None) -> str:
     through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions quantised on its
     own, as a decoder step's rows are) where that builds with VNNI; else ``bfloat16`` where the CPU
     multiplies it natively (AVX512-BF16); else ``int8`` (fbgemm). On AVX2 alone the rows kernel's 16-bit
-    products, each weight block widened once (e446146), reached 236 and 287 GFLOP/s at turbo's width
-    against fbgemm's 275 and 319, at half fbgemm's distance to the exact product (2-core AMD EPYC Zen 3,
-    ``benchmarks/encoder_int8.py``; 343 ms a tiny.en window against fbgemm's 210 before): fbgemm's speed
-    keeps it there.
+    products, each weight block widened once (e446146), reached 235 and 266 GFLOP/s at turbo's width
+    against fbgemm's 273 and 300, at half fbgemm's distance to the exact product, and two turbo encoder
+    layers took 875 ms against fbgemm's 742 (2-core AMD EPYC Zen 3, ``benchmarks/encoder_int8.py`` at
+    9d3fd70; 343 ms a tiny.en window against fbgemm's 210 before): fbgemm's speed keeps it there.
 
     Why int8 before bfloat16 without AMX: AVX512-VNNI does twice the products of AVX512-BF16 an
     instruction. At large-v3-turbo's width (1,500 positions, 1280 -> 5120 and 5120 -> 1280) the rows
