@@ -32,7 +32,7 @@ class Int8Linear(nn.Module):
         """``rows``: ``weight``'s int8 rows and scales, already made (``quantized_rows``),
         for the rows kernel to pack (the vocabulary table's, shared with ``Int8Embedding``)."""
         super().__init__()
-        # float16 rows are widened a block at a time by ``row_scales`` / ``quantize_rows`` (exactly, as
+        # float16 rows are widened a block at a time by ``row_scales`` / ``quantized_rows`` (exactly, as
         # a float32 copy would be): no float32 copy of a whole vocabulary table while loading
         weight = weight.detach() if weight.dtype == torch.float16 else weight.detach().float()
         self.in_features = weight.shape[1]

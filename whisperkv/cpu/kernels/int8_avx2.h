@@ -71,7 +71,7 @@ static void avx2_block_sums(const uint8_t *xq, long stride, long n, long in, con
 #define WIDE_MIN_ROWS 8 /* fewer rows (a greedy or beam-5 step): the pairs above, nothing widened per call */
 #endif
 #define WIDE_GROUP 5  /* rows a pass: 5 x 2 accumulators + 2 weight registers + 1 input pair + 2 products */
-#define WIDE_CHUNK 45 /* rows whose sums a pass over a block keeps (<= 16 * AMX_GROUPS in int8_rows.c) */
+#define WIDE_CHUNK 45 /* rows whose sums a pass over a block keeps (asserted <= 16 * AMX_GROUPS in int8_rows.c) */
 
 /* Rows quantised to bytes [R, in] as int16, or NULL where they cannot be allocated. */
 static int16_t *avx2_widened_rows(const uint8_t *xq, long R, long in)

@@ -38,6 +38,9 @@
 #define ROWS 16    /* input rows per pass over a weight block (their sums stay in registers) */
 #define MAXIN 5120 /* input width: Whisper's widest (large's MLP, 4 x 1280); sums stay < 255*127*5120 */
 #define AMX_GROUPS 3 /* 16-row groups per pass over a weight block: 3 sums + 3 rows + 1 weight tile of 8 */
+#ifdef WKV_INT8_AVX2
+_Static_assert(WIDE_CHUNK <= 16 * AMX_GROUPS, "a widened pass's rows fit the sums a block keeps");
+#endif
 #define PARALLEL_ROWS 64 /* rows from which a call quantises (and normalises) them on every thread */
 #define AMX_MIN_ROWS 2 /* fewer rows: VNNI (one row through a 16-row tile wastes what VNNI does not) */
 /* Weight blocks ahead whose lines a thread asks for while it multiplies one, in matrices of STREAMED
