@@ -21,6 +21,7 @@ from whisperkv.cpu.flags import (
     cpu_has_vector_rows,
 )
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
+from whisperkv.cpu.int16_attention import Int16EncoderAttention
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 from whisperkv.cpu.tiled_linear import TiledEncoderLinear
@@ -188,7 +189,8 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
 
 def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
     """float32 and int8 decoder steps attend through the kernel; the float32 encoder keeps SDPA, the int8
-    type's bfloat16 encoder goes head by head, or in AMX's tiles where the CPU has them."""
+    type's bfloat16 encoder goes head by head, or in AMX's tiles where the CPU has them; its float32
+    encoder (fbgemm's linears) in 16-bit integers where the library has AVX2, else SDPA."""
     for model in (tiny_model, int8_model):
         assert model.decoder.attention_kernel is kernel
         assert all(b.attn.kernel is kernel and b.cross_attn.kernel is kernel for b in model.decoder.blocks)
@@ -205,6 +207,10 @@ def test_both_cpu_types_decoder_steps_use_it(tiny_model, int8_model, kernel):
             assert isinstance(encoder_attention, HeadByHeadAttention) and encoder_attention.from_float32
     elif int8_model.encoder_dtype == torch.bfloat16 and TiledEncoderAttention.available(kernel.library):
         assert isinstance(encoder_attention, TiledEncoderAttention)
+    elif Int16EncoderAttention.available(kernel.library):
+        assert int8_model.encoder_dtype == torch.float32 and not cpu_has_bfloat16_products()
+        assert isinstance(encoder_attention, Int16EncoderAttention)
+        assert "encoder int16 kernel" in int8_model.weights_digest
     else:
         assert encoder_attention is None
     assert all(b.attn.kernel is None for b in tiny_model.encoder.blocks)
@@ -242,6 +248,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     linears = ", linears kernel, final norm kernel" if built else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
     names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
+    names += ("int16 kernel",)  # AVX2 without native bfloat16: fbgemm's linears
     for attention in ("head-by-head bfloat16", "dot kernel"):  # VNNI, no AMX
         names += (f"{attention}, linears rows kernel, convolutions bfloat16",)
     assert any(own.endswith(f"{decoder}{name})") for name in names), own

@@ -23,6 +23,9 @@ class TiledEncoderAttention:
     """``attend`` for the bfloat16 encoder (queries [B, T, d], keys/values [B, H, T, 64] views of one row
     layout, no mask), where the kernels' library was built with AMX and Linux lends the tiles."""
 
+    #: what its queries, keys, values and output hold
+    DTYPE = torch.bfloat16
+
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
         self._fn = library.wkv_encoder_attend_bf16
@@ -41,10 +44,10 @@ class TiledEncoderAttention:
         return (_reload, ())  # another process loads (or builds) its own
 
     def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
-        """Unmasked bfloat16 self-attention whose queries, keys and values share one layout: position t of
+        """Unmasked self-attention (``DTYPE``) whose queries, keys and values share one layout: position t of
         window w, head h at w * window_stride + t * stride + h * 64 (the fused projection's three views,
         or three tensors laid out alike)."""
-        if causal_offset is not None or not q.dtype == k.dtype == v.dtype == torch.bfloat16:
+        if causal_offset is not None or not q.dtype == k.dtype == v.dtype == self.DTYPE:
             return False
         if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape or k.shape[3] != HEAD:
             return False
