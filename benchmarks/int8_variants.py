@@ -11,6 +11,9 @@ one of them on the same float32 weights, and every variant transcribes the bench
                       int8 linears through the rows kernel with AVX512-VNNI, ...);
 * ``int8-head-by-head`` — the encoder's attention head by head in PyTorch instead of the dot-product
                       kernel (``cpu/dot_attention.py``), where the int8 rows encoder runs;
+* ``int8-sdpa-attention`` — the encoder's attention through float32 SDPA instead of the 16-bit integer
+                      kernel (``cpu/int16_attention.py``), where the int8 type's fbgemm encoder runs (AVX2
+                      without native bfloat16);
 * ``float32-caches``— Self-KV and Cross-KV held in float32;
 * ``bfloat16-encoder`` — the encoder in bfloat16;
 * ``int8-rows-encoder`` — the encoder's linears in int8 through the rows kernel (each position's own scale);
@@ -45,6 +48,7 @@ from whisperkv.model.whisper import Whisper  # noqa: E402
 VARIANTS = (
     "int8",
     "int8-head-by-head",
+    "int8-sdpa-attention",
     "float32-caches",
     "bfloat16-encoder",
     "int8-rows-encoder",
@@ -70,6 +74,9 @@ def load_variant(model: str, variant: str) -> Whisper:
     if variant == "int8-head-by-head":
         for block in loaded.encoder.blocks:
             block.attn.kernel = HeadByHeadAttention(from_float32=True)
+    if variant == "int8-sdpa-attention":
+        for block in loaded.encoder.blocks:
+            block.attn.kernel = None
     return loaded
 
 
