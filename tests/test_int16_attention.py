@@ -127,3 +127,14 @@ def test_the_int8_encoder_runs_it_and_its_twin_makes_the_same_words(int16):
     assert all(b.attn.kernel is None for b in model.encoder.blocks)
     assert model.weights_digest.endswith("encoder sdpa)")
     assert words() == fast
+
+
+def test_another_process_gets_its_own_kernel_of_the_same_kind(int16):
+    """Ray workers and the server's processes unpickle the model: each kernel loads its own library."""
+    import pickle
+
+    again = pickle.loads(pickle.dumps(int16))
+    assert type(again) is Int16EncoderAttention and again.DTYPE == torch.float32
+    g = torch.Generator().manual_seed(5)
+    q, k, v = _views(torch.randn(1, 40, 3 * 2 * HEAD, generator=g), 2)
+    assert torch.equal(again(q, k, v), int16(q, k, v))

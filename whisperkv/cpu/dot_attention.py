@@ -14,48 +14,17 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
-
 from whisperkv.cpu.flags import cpu_has_avx512_bf16
-from whisperkv.cpu.tiled_attention import HEAD, TiledEncoderAttention
+from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 
 
 class DotEncoderAttention(TiledEncoderAttention):
     """``attend`` for the bfloat16 encoder, taking what the tile kernel takes (``accepts``), where the
     kernels' library was built with AVX512-BF16."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self.library = library
-        self._fn = library.wkv_encoder_attend_dot
-        self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p]
+    SYMBOL, WHAT = "wkv_encoder_attend_dot", "the encoder's dot-product attention"
 
     @staticmethod
     def available(library: ctypes.CDLL) -> bool:
         """Whether this CPU has AVX512-BF16 and the library was built with it."""
         return cpu_has_avx512_bf16() and bool(library.wkv_encoder_attend_dot_available())
-
-    def __reduce__(self) -> tuple:
-        return (_reload, ())  # another process loads (or builds) its own
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, t, d = q.shape
-        out = q.new_empty(b, t, d)
-        done = self._fn(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), q.stride(1), b, k.shape[1], t,
-            HEAD**-0.5, out.data_ptr(),
-        )  # fmt: skip
-        if done != 1:
-            raise RuntimeError(
-                f"the encoder's dot-product attention failed (status {done}: not built, or no memory)"
-            )
-        return out
-
-
-def _reload() -> DotEncoderAttention:
-    from whisperkv.cpu.attend import load_kernel
-
-    kernel = load_kernel()
-    if kernel is None:
-        raise RuntimeError("the C kernels could not be built in this process")
-    return DotEncoderAttention(kernel.library)

@@ -19,7 +19,7 @@ import ctypes
 
 import torch
 
-from whisperkv.cpu.tiled_attention import HEAD, TiledEncoderAttention
+from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 
 
 class Int16EncoderAttention(TiledEncoderAttention):
@@ -27,39 +27,9 @@ class Int16EncoderAttention(TiledEncoderAttention):
     (``accepts``), in float32, where the kernels' library was built with AVX2 and FMA."""
 
     DTYPE = torch.float32
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self.library = library
-        self._fn = library.wkv_encoder_attend_int16
-        self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p]
+    SYMBOL, WHAT = "wkv_encoder_attend_int16", "the encoder's 16-bit attention"
 
     @staticmethod
     def available(library: ctypes.CDLL) -> bool:
         """Whether the library was built with AVX2 and FMA (``-march=native`` on such a CPU)."""
         return bool(library.wkv_encoder_attend_int16_available())
-
-    def __reduce__(self) -> tuple:
-        return (_reload, ())  # another process loads (or builds) its own
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, t, d = q.shape
-        out = q.new_empty(b, t, d)
-        done = self._fn(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), q.stride(1), b, k.shape[1], t,
-            HEAD**-0.5, out.data_ptr(),
-        )  # fmt: skip
-        if done != 1:
-            raise RuntimeError(
-                f"the encoder's 16-bit attention failed (status {done}: not built, or no memory)"
-            )
-        return out
-
-
-def _reload() -> Int16EncoderAttention:
-    from whisperkv.cpu.attend import load_kernel
-
-    kernel = load_kernel()
-    if kernel is None:
-        raise RuntimeError("the C kernels could not be built in this process")
-    return Int16EncoderAttention(kernel.library)

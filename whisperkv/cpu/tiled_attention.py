@@ -25,10 +25,12 @@ class TiledEncoderAttention:
 
     #: what its queries, keys, values and output hold
     DTYPE = torch.bfloat16
+    #: the library's function (the same arguments for every encoder attention kernel), and its name in errors
+    SYMBOL, WHAT = "wkv_encoder_attend_bf16", "the tiled encoder attention"
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
-        self._fn = library.wkv_encoder_attend_bf16
+        self._fn = getattr(library, self.SYMBOL)
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p]
 
@@ -41,7 +43,7 @@ class TiledEncoderAttention:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
 
     def __reduce__(self) -> tuple:
-        return (_reload, ())  # another process loads (or builds) its own
+        return (_reload, (type(self),))  # another process loads (or builds) its own
 
     def accepts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> bool:
         """Unmasked self-attention (``DTYPE``) whose queries, keys and values share one layout: position t of
@@ -69,14 +71,14 @@ class TiledEncoderAttention:
             HEAD**-0.5, out.data_ptr(),
         )  # fmt: skip
         if done != 1:
-            raise RuntimeError(f"the tiled encoder attention failed (status {done}: no tiles or no memory)")
+            raise RuntimeError(f"{self.WHAT} failed (status {done}: not built here, or no memory)")
         return out
 
 
-def _reload() -> TiledEncoderAttention:
+def _reload(kind: type[TiledEncoderAttention] = TiledEncoderAttention) -> TiledEncoderAttention:
     from whisperkv.cpu.attend import load_kernel
 
     kernel = load_kernel()
     if kernel is None:
         raise RuntimeError("the C kernels could not be built in this process")
-    return TiledEncoderAttention(kernel.library)
+    return kind(kernel.library)
