@@ -6,11 +6,11 @@ float32 SDPA, about half of tiny.en's window and a third of large-v3-turbo's (2-
 GFLOP/s; float32 FMAs peak ~200). AVX2 multiplies 16-bit integers in pairs (``vpmaddwd``) twice as
 wide as float32 FMAs: queries and keys rounded to 13 bits per row, values to 12 bits per column and
 each softmax row to 15-bit weights relative to its largest; the products exact integer sums, the
-softmax float32 (the kernel's comment gives the bounds that keep the sums inside 32 bits). ~1.5x
-SDPA's speed (``benchmarks/encoder_attention.py``); the float32 encoder's output moves ~4e-4 of its
-size with it in place of SDPA (scratch, three clips). Not SDPA's bits: SDPA is its twin, and both are
-held to a float64 reference (``tests/test_int16_attention.py``); the int8 type's words are measured
-(``benchmarks/bench.py``).
+softmax float32 (the kernel's comment gives the bounds that keep the sums inside 32 bits). 1.58x
+SDPA's speed on the Zen 3, and tiny.en's float32 encoder's output moves 3.7-4.4e-4 of its size with it
+in place of SDPA on four clips (``benchmarks/encoder_attention.py``). Not SDPA's bits: SDPA is its
+twin, and both are held to a float64 reference (``tests/test_int16_attention.py``); the int8 type's
+words are measured (``benchmarks/int8_variants.py``, ``benchmarks/bench.py``).
 """
 
 from __future__ import annotations

@@ -134,7 +134,9 @@ def use_attention_kernels(
     AMX it runs in the kernels' bfloat16 tiles (``cpu/tiled_attention.py``, round 18) unless ``tiles``
     is False (then SDPA, its twin), and so do its linears with their bias, GELU and residual add
     (``cpu/tiled_linear.py``, round 19) unless ``linears`` or ``tiles`` is False (then PyTorch's, their
-    twin). The float32 encoder keeps SDPA and PyTorch's linears.
+    twin). Without native bfloat16 the int8 type's encoder is float32 between fbgemm's int8 linears: it
+    attends in 16-bit integers through AVX2 (``cpu/int16_attention.py``) unless ``tiles`` is False (then
+    SDPA, its twin). The float32 encoder keeps SDPA and PyTorch's linears.
 
     The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
     (``cpu/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,
