@@ -81,6 +81,14 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def encoder_qkv(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries [B, T, d] and keys/values [B, H, T, 64]: views of one fused projection [B, T, 3d], as the
+    encoder's self-attention hands them to its kernels (the tile, dot and 16-bit ones' tests)."""
+    b, t, _ = qkv.shape
+    q, k, v = qkv.chunk(3, dim=-1)
+    return q, k.view(b, t, heads, 64).transpose(1, 2), v.view(b, t, heads, 64).transpose(1, 2)
+
+
 #: three English clips whose words a change of the int8 type's numbers is checked on
 INT8_CLIPS = ("en/jfk.flac", "en/ls_1089-134686-0000.flac", "en/lj_LJ001-0007.flac")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import whisperkv
-from tests.conftest import INT8_CLIPS, SPEECH_DIR, torch_threads
+from tests.conftest import INT8_CLIPS, SPEECH_DIR, encoder_qkv, torch_threads
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.dot_attention import DotEncoderAttention
 from whisperkv.cpu.head_by_head import HeadByHeadAttention
@@ -28,13 +28,6 @@ def dot() -> DotEncoderAttention:
     return DotEncoderAttention(kernel.library)
 
 
-def _views(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries [B, T, d] and keys/values [B, H, T, 64]: views of one fused projection, as the encoder's."""
-    b, t, _ = qkv.shape
-    q, k, v = qkv.chunk(3, dim=-1)
-    return q, k.view(b, t, heads, HEAD).transpose(1, 2), v.view(b, t, heads, HEAD).transpose(1, 2)
-
-
 SHAPES = [(1, 6, 1500), (2, 8, 1500), (1, 6, 17), (3, 4, 100), (1, 6, 2)]  # windows, heads, positions
 
 
@@ -44,7 +37,9 @@ def test_as_close_to_float32_as_sdpas_bfloat16_path(dot, windows, heads, positio
     within SDPA's own bfloat16 error of the float32 answer (a wrong key, pair or column is ~1 off), and
     nearer it than head by head, which rounds the scores to bfloat16 too."""
     g = torch.Generator().manual_seed(positions)
-    q, k, v = _views((torch.randn(windows, positions, 3 * heads * HEAD, generator=g) * 2).bfloat16(), heads)
+    q, k, v = encoder_qkv(
+        (torch.randn(windows, positions, 3 * heads * HEAD, generator=g) * 2).bfloat16(), heads
+    )
     assert dot.accepts(q, k, v, None)
     got = dot(q, k, v)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape and got.is_contiguous()
@@ -58,7 +53,7 @@ def test_as_close_to_float32_as_sdpas_bfloat16_path(dot, windows, heads, positio
 
 def test_a_windows_numbers_are_its_own_with_one_thread_or_two(dot):
     g = torch.Generator().manual_seed(1)
-    q, k, v = _views(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
+    q, k, v = encoder_qkv(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
     with torch_threads(2):
         together = dot(q, k, v)
     for w in range(3):
@@ -69,7 +64,7 @@ def test_a_windows_numbers_are_its_own_with_one_thread_or_two(dot):
 
 def test_it_takes_only_what_it_computes(dot):
     g = torch.Generator().manual_seed(2)
-    q, k, v = _views(torch.randn(2, 40, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
+    q, k, v = encoder_qkv(torch.randn(2, 40, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
     assert dot.accepts(q, k, v, None)
     assert not dot.accepts(q, k, v, 0)  # a mask: the decoder's
     assert not dot.accepts(q.float(), k.float(), v.float(), None)  # float32: SDPA

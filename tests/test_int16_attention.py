@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import whisperkv
-from tests.conftest import INT8_CLIPS, SPEECH_DIR, torch_threads
+from tests.conftest import INT8_CLIPS, SPEECH_DIR, encoder_qkv, torch_threads
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.flags import cpu_has_bfloat16_products
 from whisperkv.cpu.int16_attention import Int16EncoderAttention
@@ -28,13 +28,6 @@ def int16() -> Int16EncoderAttention:
     return Int16EncoderAttention(kernel.library)
 
 
-def _views(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries [B, T, d] and keys/values [B, H, T, 64]: views of one fused projection, as the encoder's."""
-    b, t, _ = qkv.shape
-    q, k, v = qkv.chunk(3, dim=-1)
-    return q, k.view(b, t, heads, HEAD).transpose(1, 2), v.view(b, t, heads, HEAD).transpose(1, 2)
-
-
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return attend(q.double(), k.double(), v.double()).float()
 
@@ -48,7 +41,7 @@ def test_near_a_float64_reference(int16, windows, heads, positions):
     values' size from float64 (13-bit queries and keys, 12-bit values, 15-bit weights); a wrong key,
     pair, column or scale is ~1 off."""
     g = torch.Generator().manual_seed(positions)
-    q, k, v = _views(torch.randn(windows, positions, 3 * heads * HEAD, generator=g) * 2, heads)
+    q, k, v = encoder_qkv(torch.randn(windows, positions, 3 * heads * HEAD, generator=g) * 2, heads)
     assert int16.accepts(q, k, v, None) == (positions > 1)
     got = int16(q, k, v)
     assert got.dtype == torch.float32 and got.shape == q.shape and got.is_contiguous()
@@ -66,11 +59,11 @@ def test_its_sums_stay_exact_at_their_bounds(int16):
     # a column's values all of one sign: the partial sums only grow (+7 or -7: 2,047 when quantised)
     signs = (torch.randint(0, 2, (1, 1, heads * HEAD), generator=g).float() * 2 - 1).expand(1, t, -1)
     ones = torch.ones(1, t, heads * HEAD)
-    q, k, v = _views(torch.cat([ones, ones, signs * 7.0], dim=-1), heads)
+    q, k, v = encoder_qkv(torch.cat([ones, ones, signs * 7.0], dim=-1), heads)
     even = int16(q, k, v)  # every score equal: the mean of the values (1,500 weights of 666.7 round to 667)
     assert (even - v.mean(dim=2).transpose(0, 1).reshape(1, 1, -1)).abs().max() < 7.0 * 1e-3
     keys = torch.randn(1, t, heads * HEAD, generator=g)
-    q, k, v = _views(torch.cat([keys * 50, keys, signs * 7.0], dim=-1), heads)
+    q, k, v = encoder_qkv(torch.cat([keys * 50, keys, signs * 7.0], dim=-1), heads)
     sharp = int16(q, k, v)  # each query far nearest its own key: that key's value
     assert (sharp - v.transpose(1, 2).reshape(1, t, -1)).abs().max() < 1e-3
 
@@ -81,14 +74,14 @@ def test_a_query_of_zeros_weighs_every_real_key_alike_and_no_padding(int16):
     g = torch.Generator().manual_seed(4)
     qkv = torch.randn(1, 17, 3 * 2 * HEAD, generator=g) + 3.0
     qkv[..., : 2 * HEAD] = 0.0
-    q, k, v = _views(qkv, 2)
+    q, k, v = encoder_qkv(qkv, 2)
     got = int16(q, k, v)
     assert (got - v.mean(dim=2).transpose(0, 1).reshape(1, 1, -1)).abs().max() < 1e-3
 
 
 def test_a_windows_numbers_are_its_own_with_one_thread_or_two(int16):
     g = torch.Generator().manual_seed(1)
-    q, k, v = _views(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g), 6)
+    q, k, v = encoder_qkv(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g), 6)
     with torch_threads(2):
         together = int16(q, k, v)
     for w in range(3):
@@ -103,7 +96,7 @@ def test_a_windows_numbers_are_its_own_with_one_thread_or_two(int16):
 
 def test_it_takes_only_what_it_computes(int16):
     g = torch.Generator().manual_seed(2)
-    q, k, v = _views(torch.randn(2, 40, 3 * 6 * HEAD, generator=g), 6)
+    q, k, v = encoder_qkv(torch.randn(2, 40, 3 * 6 * HEAD, generator=g), 6)
     assert int16.accepts(q, k, v, None)
     assert not int16.accepts(q, k, v, 0)  # a mask: the decoder's
     assert not int16.accepts(q.bfloat16(), k.bfloat16(), v.bfloat16(), None)  # bfloat16: other kernels
@@ -136,5 +129,5 @@ def test_another_process_gets_its_own_kernel_of_the_same_kind(int16):
     again = pickle.loads(pickle.dumps(int16))
     assert type(again) is Int16EncoderAttention and again.DTYPE == torch.float32
     g = torch.Generator().manual_seed(5)
-    q, k, v = _views(torch.randn(1, 40, 3 * 2 * HEAD, generator=g), 2)
+    q, k, v = encoder_qkv(torch.randn(1, 40, 3 * 2 * HEAD, generator=g), 2)
     assert torch.equal(again(q, k, v), int16(q, k, v))

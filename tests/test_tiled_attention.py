@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import int8_words, torch_threads
+from tests.conftest import encoder_qkv, int8_words, torch_threads
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 from whisperkv.metrics import word_errors
@@ -24,13 +24,6 @@ def tiles() -> TiledEncoderAttention:
     return TiledEncoderAttention(kernel.library)
 
 
-def _views(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries [B, T, d] and keys/values [B, H, T, 64]: views of one fused projection, as the encoder's."""
-    b, t, _ = qkv.shape
-    q, k, v = qkv.chunk(3, dim=-1)
-    return q, k.view(b, t, heads, HEAD).transpose(1, 2), v.view(b, t, heads, HEAD).transpose(1, 2)
-
-
 SHAPES = [(1, 6, 1500), (2, 8, 1500), (1, 6, 17), (3, 4, 100), (1, 6, 2)]  # windows, heads, positions
 
 
@@ -40,7 +33,7 @@ def test_as_close_to_float32_as_sdpas_bfloat16_path(tiles, windows, heads, posit
     window: within SDPA's own bfloat16 error of the float32 answer (a wrong key, pair or tile is ~1 off)."""
     g = torch.Generator().manual_seed(positions)
     qkv = (torch.randn(windows, positions, 3 * heads * HEAD, generator=g) * 2).bfloat16()
-    q, k, v = _views(qkv, heads)
+    q, k, v = encoder_qkv(qkv, heads)
     assert tiles.accepts(q, k, v, None)
     got = tiles(q, k, v)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape and got.is_contiguous()
@@ -53,7 +46,7 @@ def test_as_close_to_float32_as_sdpas_bfloat16_path(tiles, windows, heads, posit
 
 def test_a_windows_numbers_are_its_own_with_one_thread_or_two(tiles):
     g = torch.Generator().manual_seed(1)
-    q, k, v = _views(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
+    q, k, v = encoder_qkv(torch.randn(3, 1500, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
     with torch_threads(2):
         together = tiles(q, k, v)
     for w in range(3):
@@ -64,7 +57,7 @@ def test_a_windows_numbers_are_its_own_with_one_thread_or_two(tiles):
 
 def test_it_takes_only_what_it_computes(tiles):
     g = torch.Generator().manual_seed(2)
-    q, k, v = _views(torch.randn(2, 40, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
+    q, k, v = encoder_qkv(torch.randn(2, 40, 3 * 6 * HEAD, generator=g).bfloat16(), 6)
     assert tiles.accepts(q, k, v, None)
     assert not tiles.accepts(q, k, v, 0)  # a mask: the decoder's
     assert not tiles.accepts(q.float(), k.float(), v.float(), None)  # float32: SDPA
