@@ -253,7 +253,6 @@ def _int16_kernel(model: Whisper, kernel: object, tiles: bool) -> bool:
     (``tiles``; False keeps SDPA, its twin), the library built with AVX2 and FMA. ~1.5x SDPA's speed."""
     return (
         model.compute_type == "int8"
-        and model.encoder_dtype == torch.float32
         and tiles
         and kernel is not None
         and Int16EncoderAttention.available(kernel.library)

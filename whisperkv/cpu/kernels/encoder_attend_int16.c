@@ -41,8 +41,8 @@
 #define CHUNK 32             /* queries a thread takes at a time */
 #define KEY_RANGE 4095.0f    /* queries and keys: 64 x 4,095^2 < 2^30 */
 #define VALUE_RANGE 2047.0f  /* values, per column: 12 bits */
-#define PROB_RANGE 32767.0f  /* a row's largest probability */
-#define PROB_SUM 1000000.0f  /* the most a row's probabilities add to (before rounding): x 2,047 < 2^31 */
+#define PROB_RANGE 32767.0f  /* a softmax row's largest integer weight */
+#define PROB_SUM 1000000.0f  /* the most a row's weights add to (before rounding): x 2,047 < 2^31 */
 
 #ifdef WKV_INT16
 /* acc + the pairwise products of x and w (16-bit, summed in pairs into 32 bits). In asm so that gcc keeps
