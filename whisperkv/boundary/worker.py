@@ -39,7 +39,7 @@ from whisperkv.boundary.protocol import cross_kv_payload, dtype_name, request_la
 from whisperkv.boundary.request_body import BODY_DEADLINE_S, BodyRefused, ClientGone, load_json, read_body
 from whisperkv.boundary.sealing import TAG_BYTES, open_part, read_parts, seal, tensor_bytes, tensor_from_bytes
 from whisperkv.boundary.sessions import Session, SessionsFull, SessionTable
-from whisperkv.cache.provenance import tensor_digest
+from whisperkv.cache.digest import tensor_digest
 from whisperkv.errors import SealedCacheError
 
 if TYPE_CHECKING:

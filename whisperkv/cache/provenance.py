@@ -8,31 +8,7 @@ the decoder layer that projected it; a Self-KV adds the prefix tokens and positi
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, fields
-
-import numpy as np
-import torch
-
-
-def tensor_digest(tensor: torch.Tensor, widen_float16: bool = False) -> str:
-    """A short content digest of a tensor (its bytes, dtype and shape). ``widen_float16``: a float16
-    tensor gets the digest of its exact float32 widening, widened and hashed 4,096 rows at a time (the
-    bytes of a contiguous tensor are its row blocks' bytes in order), so no float32 copy of a whole
-    table is made (``cpu/quantize.py``: the int8 load's peak)."""
-    t = tensor.detach().to("cpu").contiguous()
-    h = hashlib.blake2b(digest_size=12)
-    if widen_float16 and t.dtype == torch.float16:
-        h.update(f"{torch.float32}{tuple(t.shape)}".encode())
-        for rows in t.reshape(-1, *t.shape[1:]).split(4096) if t.dim() else [t.reshape(1)]:
-            if rows.numel():
-                h.update(memoryview(np.ascontiguousarray(rows.float().numpy())).cast("B"))
-        return h.hexdigest()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    h.update(memoryview(np.ascontiguousarray(t.numpy())).cast("B"))  # hashed in place, no copy
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

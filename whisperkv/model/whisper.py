@@ -8,7 +8,6 @@ package's front (``whisperkv/__init__.py``): the network never imports the decod
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from whisperkv.cache.provenance import EncoderProvenance, tensor_digest
+from whisperkv.cache.digest import combine, tensor_digest
+from whisperkv.cache.provenance import EncoderProvenance
 from whisperkv.model.decoder import TextDecoder
 from whisperkv.model.dims import ModelDims
 from whisperkv.model.encoder import AudioEncoder
@@ -145,10 +145,9 @@ def state_digest(
     its exact float32 widening, one at a time: a model held in float16 while it is quantised block by
     block (``cpu/quantize.py``) gets the digest of the float32 model it stands for. ``after_each`` is
     called with each tensor once hashed (a memory-mapped checkpoint hands its pages back)."""
-    h = hashlib.blake2b(digest_size=12)
+    parts = []
     for name, tensor in sorted(state.items()):
-        h.update(name.encode())
-        h.update(tensor_digest(tensor, widen_float16=as_float32).encode())
+        parts += [name, tensor_digest(tensor, widen_float16=as_float32)]
         if after_each is not None:
             after_each(tensor)
-    return h.hexdigest()
+    return combine(parts)
