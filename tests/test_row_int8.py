@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
+from whisperkv.cpu.int8_linear import per_channel_qint8
 from whisperkv.cpu.row_int8 import quantized_rows, row_blocks, row_scales, row_sums
 
 
@@ -40,3 +43,26 @@ def test_row_blocks_cover_every_row_once():
     assert spans == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
     assert [(s.start, s.stop) for s in row_blocks(torch.empty(2, 50), elements=7)] == [(0, 1), (1, 2)]
     assert list(row_blocks(torch.empty(0, 5))) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fbgemms_per_channel_rows_are_torchs_quantize_per_channel(dtype):
+    """``per_channel_qint8`` (the fbgemm linears' weights, made a few rows at a time) against the call
+    it stands for, on values at every rounding tie of their row's scale as well."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(2500, 640, generator=generator) * 0.05
+    scales = row_scales(weight)
+    weight[:, :255] = (torch.arange(-127, 128) + 0.5).clamp(max=126.5) * scales[:, None]  # halfway points
+    weight[9] = 0
+    weight = weight.to(dtype)
+    scales = row_scales(weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantised tensor types announce their future move
+        want = torch.quantize_per_channel(
+            weight.float(), scales.double(), torch.zeros(len(scales), dtype=torch.long), 0, torch.qint8
+        )
+        got = per_channel_qint8(weight)
+    assert got.dtype == torch.qint8 and got.q_per_channel_axis() == 0
+    assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
+    assert not got.q_per_channel_zero_points().any()
+    assert torch.equal(got.int_repr(), want.int_repr())
