@@ -40,7 +40,8 @@ def test_the_digest_is_the_documented_scheme():
     table = float16_table(2.5)
     widened = table.float().numpy().tobytes()
     assert tensor_digest(table, widen_float16=True) == scheme(f"torch.float32{tuple(table.shape)}", widened)
-    assert combine(["a", "bc"]) == hashlib.sha256(b"abc").hexdigest()[:24]
+    assert combine(["a", "bc"]) == hashlib.sha256(b"a\0bc\0").hexdigest()[:24]
+    assert combine(["a", "bc"]) != combine(["ab", "c"])
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
