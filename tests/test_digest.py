@@ -44,7 +44,7 @@ def test_the_digest_is_the_documented_scheme():
     assert combine(["a", "bc"]) != combine(["ab", "c"])
 
 
-@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("count", [1, 2, 3, 8])  # 8: more than THREADS
 def test_the_same_digest_on_any_number_of_threads(threads, count):
     table = float16_table(2 * GROUP * 3 + 1.5)  # several groups of widened pieces on any count here
     plain = torch.randn(9 * PIECE // 4 + 5, generator=torch.Generator().manual_seed(2))

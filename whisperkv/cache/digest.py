@@ -4,10 +4,10 @@ Why this shape: a digest is paid on every load (every weight, 3.2 GB for large-v
 on every encoder output handed to ``decode`` (7.7 MB at turbo's width), so it is made fast where
 it can be without depending on the machine. A tensor's bytes are cut into pieces of ``PIECE`` bytes,
 each piece hashed with SHA-256 (which x86 CPUs with SHA extensions and ARMv8 run in hardware: 1.47 GB/s
-against BLAKE2b's 0.51 on a Zen 3 core), a few pieces at a time on threads (``hashlib`` lets go of the
-GIL for long inputs), and the digest is SHA-256 of the header and the pieces' digests in order. The
-pieces' boundaries depend only on the tensor, never on the thread count, so every machine and setting
-gives the same digest (the two sides of ``boundary/`` compare them).
+against BLAKE2b's 0.51 on a Zen 3 core), a few pieces at a time on up to ``THREADS`` threads
+(``hashlib`` lets go of the GIL for long inputs), and the digest is SHA-256 of the header and the
+pieces' digests in order. The pieces' boundaries depend only on the tensor, never on the thread count,
+so every machine and setting gives the same digest (the two sides of ``boundary/`` compare them).
 
 The threads only hash: anything allocated is allocated by the calling thread. A float32 piece widened on
 a helper thread came from that thread's own glibc arena, and a large-v3-turbo load then held 55 MB more
@@ -26,6 +26,9 @@ import torch
 PIECE = 1 << 20  # bytes hashed on their own (a float32 piece is PIECE // 4 numbers)
 DIGEST_BYTES = 12  # the hex digest is 24 characters
 GROUP = 4  # pieces widened at once per thread
+#: at most this many hashing threads, whatever ``torch.get_num_threads()`` says: a float16 table's two
+#: widening buffers are 2 x GROUP x threads pieces (32 MiB at 4), and each thread hashes ~1.5 GB/s
+THREADS = 4
 
 
 def tensor_digest(tensor: torch.Tensor, widen_float16: bool = False) -> str:
@@ -39,7 +42,7 @@ def tensor_digest(tensor: torch.Tensor, widen_float16: bool = False) -> str:
         flat = flat.view(torch.int16)
     h = hashlib.sha256(f"{torch.float32 if widen else t.dtype}{tuple(t.shape)}".encode())
     pieces = -(-flat.numel() * (4 if widen else flat.element_size()) // PIECE)
-    workers = max(1, min(torch.get_num_threads(), pieces))
+    workers = max(1, min(torch.get_num_threads(), pieces, THREADS))
     for digest in _hashed(_groups(flat, widen, GROUP * workers), workers):
         h.update(digest)
     return h.hexdigest()[: 2 * DIGEST_BYTES]
