@@ -50,7 +50,7 @@ def tensor_digest(tensor: torch.Tensor, widen_float16: bool = False) -> str:
 
 def combine(parts: list[str]) -> str:
     """One digest of several (names and digests of a state dict, ``model/whisper.py``), each part ended
-    by a NUL byte, so no two lists of parts read as the same bytes."""
+    by a NUL byte, so no two lists of parts without one (names, hex digests) read as the same bytes."""
     h = hashlib.sha256()
     for part in parts:
         h.update(part.encode() + b"\0")
