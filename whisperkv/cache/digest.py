@@ -76,7 +76,7 @@ def _hashed(groups: Iterator[list[memoryview]], workers: int) -> Iterator[bytes]
     """The pieces' digests in order: on this thread alone, or on ``workers`` threads, the next group
     made (widened) while the last one hashes."""
     if workers == 1:
-        yield from (hashlib.sha256(piece).digest() for group in groups for piece in group)
+        yield from (_piece_digest(piece) for group in groups for piece in group)
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="whisperkv-digest") as pool:
         hashing: list[Future[bytes]] = []
