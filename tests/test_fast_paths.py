@@ -6,6 +6,7 @@
 * the timestamp rule's log-softmax, redone for its forced rows only, is the one of the logits it left;
 * a window encoded inside a batch (groups of ``CPU_ENCODER_GROUP``) gets exactly the features it gets
   encoded alone;
+* the encoder's in-place GELUs (no gradient recorded) give the out-of-place modules' numbers;
 * the int8 compute type: int8 per-row linears within their quantisation error, and transcripts that
   agree with float32 closely on real speech (measured here, not assumed).
 """
@@ -237,3 +238,22 @@ def test_int8_transcripts_agree_with_float32_on_real_speech(tiny_model, int8_mod
 @pytest.mark.slow
 def test_int8_transcripts_agree_with_float32_on_every_english_clip(tiny_model, int8_model, speech_dir):
     _int8_agreement(tiny_model, int8_model, english_clips())
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_the_encoders_in_place_activations_give_the_out_of_place_twins_numbers(
+    tiny_model, int8_model, speech_dir, compute_type
+):
+    """Without a gradient the encoder's GELUs run in place on activations nothing else holds
+    (``model/encoder.py``); with one recorded it runs PyTorch's modules as they are: the same bits, and
+    the log-Mel handed in is left as it was."""
+    model = tiny_model if compute_type == "float32" else int8_model
+    audio = whisperkv.load_audio(speech_dir / "en" / "jfk.flac")
+    mel = pad_or_trim(log_mel_spectrogram(audio, 80), N_FRAMES)[None].to(model.encoder_dtype)
+    kept = mel.clone()
+    with torch.no_grad():
+        in_place = model.encoder(mel)
+    with torch.enable_grad():
+        twin = model.encoder(mel).detach()
+    assert torch.equal(mel, kept)
+    assert torch.equal(in_place, twin)
