@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
 from whisperkv.stream.hypothesis import Hypothesis
-from whisperkv.stream.runner import run_stream
+from whisperkv.stream.runner import LISTEN_S, run_stream
 from whisperkv.stream.session import StreamingSession
 from whisperkv.stream.vad import SpeechBoundary
 
@@ -170,6 +170,27 @@ def check(compute: float, chunk: float, vad: bool, **options: float | None) -> N
     full = " ".join(expected)
     assert all(full.startswith(t) for t in texts)  # prefix-consistent at every event
     assert all(b.start >= a.end for a, b in zip(committed, committed[1:]))  # times never go back
+
+
+def test_an_utterance_closes_as_the_vad_hears_its_end_not_at_the_next_update():
+    """Between 1 s updates the session is fed every ``LISTEN_S`` (as the Realtime server feeds it each
+    appended piece), so an utterance is closed and committed within that (and its decode's cost) of the
+    VAD's decision; fed a chunk at a time, it waited for the next update."""
+    words, cost = script(), 0.2
+
+    def closes(listen: float) -> tuple[list[float], list[float]]:
+        vad = ScriptVAD(words)
+        decided = [t for t, boundary in vad.boundaries if boundary.kind == "end"]
+        session = StreamingSession(TimelineDecoder(words), vad=vad)
+        events = run_stream(Silence(words[-1][2] + 0.8), session, SimulatedClock(cost), 1.0, listen=listen)
+        return decided, [e.audio_time for e in events if e.type == "utterance_end"]
+
+    decided, closed = closes(LISTEN_S)
+    assert len(closed) == len(decided) == 3
+    # the close decodes: its cost is charged, after the feed that heard the end
+    assert all(d + cost <= t <= d + LISTEN_S + cost + 1e-9 for d, t in zip(decided, closed)), closed
+    decided, chunked = closes(1.0)
+    assert max(t - d for d, t in zip(decided, chunked)) > LISTEN_S + cost, chunked
 
 
 @pytest.mark.parametrize("vad", [False, True], ids=["no_vad", "vad"])

@@ -159,6 +159,23 @@ def test_session_events_in_order_and_commits_only_grow():
     assert times[0] == pytest.approx(1.25)
 
 
+def test_a_fixed_cost_is_charged_to_updates_not_to_the_feeds_between_them():
+    """``--simulate_compute`` is a cost per update: the feeds between updates (the VAD hearing new audio)
+    cost nothing unless they decoded; the measured clock counts every span."""
+    clock = SimulatedClock(fixed_cost=0.5)
+    with clock.computing() as span:
+        span.update = False
+    assert clock.now == 0.0
+    with clock.computing():
+        pass
+    assert clock.now == 0.5
+    measured = SimulatedClock()
+    with measured.computing() as span:
+        span.update = False
+        sum(range(100_000))
+    assert measured.now == measured.compute > 0
+
+
 def test_session_trims_at_a_committed_segment_end_and_prompts_with_what_left_the_buffer():
     decoder = ScriptedDecoder(["one two three"] * 3)
     session = StreamingSession(decoder, trim_after=0.5, min_audio_s=0.1)

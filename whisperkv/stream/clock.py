@@ -4,6 +4,10 @@ whisper_streaming evaluates without waiting for wall time: while an update compu
 audio arrive, so latency counts the computation but nobody sleeps through the audio. ``SimulatedClock``
 does that with the measured compute time, or with a fixed cost per update (``--simulate_compute``) so
 tests are deterministic. ``RealtimeClock`` paces by the wall clock (``--realtime``).
+
+A span of computation says whether it was an update (``Span.update``): the runner also hands the VAD
+new audio between updates, and under a fixed cost such a span costs nothing unless it decoded (an
+utterance closed).
 """
 
 from __future__ import annotations
@@ -11,6 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class Span:
+    """One span of computation; the runner sets ``update`` once it knows (an update ran, or a decode)."""
+
+    update: bool = True
 
 
 class SimulatedClock:
@@ -28,12 +40,15 @@ class SimulatedClock:
         self.now = max(self.now, t)
 
     @contextmanager
-    def computing(self) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
+    def computing(self) -> Iterator[Span]:
+        span, t0 = Span(), time.perf_counter()
+        yield span
         measured = time.perf_counter() - t0
         self.compute += measured
-        self.now += self.fixed_cost if self.fixed_cost is not None else measured
+        if self.fixed_cost is None:
+            self.now += measured
+        elif span.update:
+            self.now += self.fixed_cost
 
 
 class RealtimeClock:
@@ -55,7 +70,7 @@ class RealtimeClock:
             time.sleep(delay)
 
     @contextmanager
-    def computing(self) -> Iterator[None]:
+    def computing(self) -> Iterator[Span]:
         t0 = time.perf_counter()
-        yield
+        yield Span()
         self.compute += time.perf_counter() - t0

@@ -82,6 +82,7 @@ class StreamingSession:
         #: where the last utterance's buffer began and its first committed word (a cut between words)
         self.last_buffer: tuple[int, int] | None = None
         self.utterance: list[Word] = []
+        self.decodes = 0  # buffers decoded (a clock charges an update's cost to a span that decoded)
 
     @property
     def now(self) -> float:
@@ -181,6 +182,7 @@ class StreamingSession:
         end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
         audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
         self.decoded = (self.buffer_start, end)
+        self.decodes += 1
         prompt = self._prompt()
         hypothesis = self.decoder.decode(audio, self.buffer_start, prompt)
         if hypothesis.repetitive and prompt:  # a prompt that ends "Word. Word. Word." can start a loop:
