@@ -176,6 +176,16 @@ def test_a_fixed_cost_is_charged_to_updates_not_to_the_feeds_between_them():
     assert measured.now == measured.compute > 0
 
 
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("chunk, listen", [(0.0, 0.25), (NAN, 0.25), (1.0, 0.0), (1.0, NAN)])
+def test_a_chunk_or_listening_step_not_above_zero_is_refused(chunk, listen):
+    session = StreamingSession(ScriptedDecoder(["a"]))
+    with pytest.raises(ValueError, match="must be above 0 s"):
+        next(run_stream(Silence(1.0), session, SimulatedClock(0.0), chunk, listen=listen))
+
+
 def test_session_trims_at_a_committed_segment_end_and_prompts_with_what_left_the_buffer():
     decoder = ScriptedDecoder(["one two three"] * 3)
     session = StreamingSession(decoder, trim_after=0.5, min_audio_s=0.1)

@@ -44,6 +44,8 @@ def run_stream(
 ) -> Iterator[Event]:
     if not chunk > 0:
         raise ValueError(f"--chunk must be above 0 s, got {chunk}")
+    if not listen > 0:
+        raise ValueError(f"listen must be above 0 s, got {listen}")
     if warm:
         session.warm()
     clock.start()
