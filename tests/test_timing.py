@@ -19,6 +19,7 @@ from whisperkv.timing import (
     merge_punctuations,
     next_words_segment,
 )
+from whisperkv.timing_signal import dtw_numpy
 
 SPEECH_EN = Path(__file__).resolve().parents[1].parent / "shared/data/speech/en"
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
@@ -64,6 +65,65 @@ def test_dtw_path_is_monotonic_and_minimal(shape):
         for j in range(1, m + 1):
             best[i, j] = x[i - 1, j - 1] + min(best[i - 1, j - 1], best[i - 1, j], best[i, j - 1])
     assert x[rows, cols].sum() == pytest.approx(best[n, m], rel=1e-5)
+
+
+def _kernel_path(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from whisperkv.cpu.dtw import path
+
+    found = path(x)
+    if found is None:
+        pytest.skip("the C kernels are not built here (no compiler): dtw runs its numpy twin")
+    return found
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "thin"])
+def test_the_c_dtw_takes_the_numpy_twins_path_cell_for_cell(kind):
+    """The C fill and backtrace against the twin: random costs, costs of a few integers (three-way ties
+    everywhere: the tie rule decides most cells) and one-row / one-column matrices."""
+    rng = np.random.default_rng(len(kind))
+    for trial in range(60):
+        n, m = int(rng.integers(1, 50)), int(rng.integers(1, 400))
+        if kind == "thin":
+            n, m = (1, m) if trial % 2 else (n, 1)
+        x = rng.integers(-2, 3, size=(n, m)).astype(float) if kind == "ties" else rng.normal(size=(n, m))
+        rows, cols = _kernel_path(x)
+        twin_rows, twin_cols = dtw_numpy(x)
+        assert rows.tolist() == twin_rows.tolist() and cols.tolist() == twin_cols.tolist(), (n, m, trial)
+
+
+def test_the_c_dtw_takes_the_twins_path_on_a_real_alignment():
+    """A real word-timing matrix (jfk, tiny.en's alignment heads), as ``find_alignment`` passes it."""
+    import whisperkv
+    from whisperkv.timing import alignment_matrix
+
+    model = whisperkv.load_model("tiny.en")
+    result = model.transcribe(str(SPEECH_EN / "jfk.flac"), without_timestamps=True)
+    tokens = [t for s in result["segments"] for t in s["tokens"] if t < model.tokenizer.eot]
+    mel = whisperkv.log_mel_spectrogram(whisperkv.pad_or_trim(whisperkv.load_audio(SPEECH_EN / "jfk.flac")))
+    mel = mel[None]
+    cross_kv = model.decoder.project_cross_kv(model.embed_audio(mel), model.encoder_provenance(mel))
+    matrix, _ = alignment_matrix(model, model.tokenizer, tokens, 1100, cross_kv=cross_kv)
+    x = -matrix.double().numpy()
+    rows, cols = _kernel_path(x)
+    twin_rows, twin_cols = dtw_numpy(x)
+    assert len(rows) > x.shape[1] - 1
+    assert rows.tolist() == twin_rows.tolist() and cols.tolist() == twin_cols.tolist()
+
+
+def test_a_matrix_the_c_dtw_does_not_take_goes_to_the_twin():
+    """Not finite, or large enough to reach the C fill's border sentinel: ``path`` declines, ``dtw``
+    gives the twin's path (a NaN cell included)."""
+    from whisperkv.cpu.dtw import path
+
+    _kernel_path(np.zeros((2, 2)))  # skips where the kernels are not built
+    x = np.random.default_rng(5).normal(size=(6, 9))
+    for bad in (np.nan, np.inf, 1e38):
+        y = x.copy()
+        y[2, 3] = bad
+        assert path(y) is None
+        rows, cols = dtw(y)
+        twin_rows, twin_cols = dtw_numpy(y)
+        assert rows.tolist() == twin_rows.tolist() and cols.tolist() == twin_cols.tolist()
 
 
 # --------------------------------------------------------------------------------- median filter

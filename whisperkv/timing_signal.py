@@ -36,6 +36,18 @@ def median_filter(x: torch.Tensor, filter_width: int) -> torch.Tensor:
 def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Minimum-cost monotonic path through the cost matrix ``x`` [N, M] from (0, 0) to (N-1, M-1).
 
+    Returns ``(rows, cols)``: the path's cells in order. Through the kernels' C fill where it is built
+    (``cpu/dtw.py``: the same path, cell for cell), else through ``dtw_numpy``, its twin.
+    """
+    from whisperkv.cpu.dtw import path  # the kernels' library loads on first use, not on import
+
+    found = path(np.asarray(x, dtype=np.float64))
+    return found if found is not None else dtw_numpy(x)
+
+
+def dtw_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dtw` in numpy: the C fill's twin, and the path where the kernels are not built.
+
     Returns ``(rows, cols)``: the path's cells in order. Each step moves one row, one column, or both.
     Ties and float precision follow the reference exactly (accumulated costs are kept in float32 and
     a diagonal step wins only when strictly cheaper than both others, a vertical one only when strictly

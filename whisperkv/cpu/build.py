@@ -33,12 +33,12 @@ from whisperkv.cpu.flags import cpu_flags
 #: and token choice (``decoding/greedy_choice.py``), and the bfloat16 type's linears and steps
 #: (``cpu/bf16_linear.py``, ``cpu/bf16_step.py``) and its encoder's attention without AMX
 #: (``cpu/dot_attention.py``), and the int8 type's encoder attention on AVX2 alone
-#: (``cpu/int16_attention.py``)
+#: (``cpu/int16_attention.py``), and word timing's dynamic time warping (``cpu/dtw.py``)
 SOURCES = tuple(
     Path(__file__).with_name("kernels") / name
     for name in ("attend.c", "int8_rows.c", "top_k.c", "rows_f32.c", "block_step.c")
     + ("int8_block_step.c", "reorder.c", "encoder_attend.c", "encoder_linear.c", "greedy_choice.c")
-    + ("bf16_rows.c", "bf16_block_step.c", "encoder_attend_dot.c", "encoder_attend_int16.c")
+    + ("bf16_rows.c", "bf16_block_step.c", "encoder_attend_dot.c", "encoder_attend_int16.c", "dtw.c")
 )
 #: what the sources include: part of the built library's name, so a change to it rebuilds
 HEADERS = tuple(
