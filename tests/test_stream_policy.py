@@ -287,6 +287,39 @@ def test_a_looping_decode_is_neither_agreed_with_nor_committed_at_the_close():
     assert session.committed_text() == "a b c"
 
 
+class PromptLoopDecoder:
+    """mfa_words' last utterance: 1 s saying "word" once, after a committed "... more word word word".
+    Prompted with that, it closes as five "word"s, four of them 0 s long (what tiny.en heard at 0.5 s an
+    update); heard without a prompt, as one."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        self.calls.append((start_sample, prompt))
+        if start_sample == 0:
+            return Hypothesis(words("more word word word", start=0.1, step=0.3))  # ends at 1.4 s
+        if not prompt:
+            return Hypothesis([Word(" word", 0.0, 0.5, 0.8)])
+        stacked = [Word(" word", 0.58, 0.58, 0.0)] + [Word(" word", 0.96, 0.96, 0.9)] * 3
+        return Hypothesis([Word(" word", 0.0, 0.5, 0.69), *stacked])
+
+    def reuse_summary(self) -> dict:
+        return {"type": "reuse"}
+
+
+def test_a_close_that_fails_whispers_hallucination_rule_is_heard_again_without_the_prompt():
+    decoder = PromptLoopDecoder()
+    session = StreamingSession(decoder)
+    session.feed(np.zeros(3 * SR, dtype=np.float32))
+    session.commit()  # the first utterance, heard without a prompt (nothing committed): kept as heard
+    assert session.committed_text() == "more word word word" and len(decoder.calls) == 1
+    session.feed(np.zeros(SR, dtype=np.float32))
+    session.commit()
+    assert decoder.calls[1:] == [(3 * SR, "more word word word"), (3 * SR, "")]
+    assert session.committed_text() == "more word word word word"
+
+
 def test_agreement_with_no_committed_word_in_the_buffer_skips_only_a_repeat_of_the_committed_end():
     la = LocalAgreement()
     la.flush(words("can do", start=0.0))  # committed; "do" dated 0.5-0.9

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from whisperkv.engine.segments import PUNCTUATION
 from whisperkv.stream.events import Word
+from whisperkv.timing import is_segment_anomaly
 
 if TYPE_CHECKING:
     from whisperkv.tokenizer import Tokenizer
@@ -33,6 +35,21 @@ class Hypothesis:
     boundaries: list[int] = field(default_factory=list)
     #: the decode failed Whisper's repetition check at every temperature (a loop: "Word. Word. ...")
     repetitive: bool = False
+
+    @property
+    def looks_hallucinated(self) -> bool:
+        """Whisper's hallucination rule (``is_segment_anomaly``: the first words improbable, implausibly
+        short or long) on the words; a word of unknown probability is judged by its times alone."""
+        words = [
+            {
+                "word": w.text,
+                "start": w.start,
+                "end": w.end,
+                "probability": 1.0 if w.probability is None else w.probability,
+            }
+            for w in self.words
+        ]
+        return is_segment_anomaly({"words": words}, PUNCTUATION)
 
     def word_boundaries(self) -> list[tuple[int, float]]:
         """(words before the cut, the cut's time) for each complete segment end: after the segment's last

@@ -178,16 +178,21 @@ class StreamingSession:
 
     # -- inside --------------------------------------------------------------------------------------
 
-    def _decode(self, end: int) -> Hypothesis:
+    def _decode(self, end: int, closing: bool = False) -> Hypothesis:
+        """The buffer up to ``end`` heard with the prompt, or without it where the prompt started a loop.
+        A closing decode is committed whole, with no second hearing to agree with, and nothing in it is
+        still being said: there a hypothesis must also pass Whisper's hallucination rule. A prompt ending
+        "Word. Word. Word." made mfa_words' last utterance, 1 s saying "word" once, close as five "Word."s,
+        four of them 0 s long (no loop by the repetition check); heard without it, one."""
         end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
         audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
         self.decoded = (self.buffer_start, end)
         self.decodes += 1
         prompt = self._prompt()
         hypothesis = self.decoder.decode(audio, self.buffer_start, prompt)
-        if hypothesis.repetitive and prompt:  # a prompt that ends "Word. Word. Word." can start a loop:
-            hypothesis = self.decoder.decode(audio, self.buffer_start, "")  # heard without it (transcribe
-            # also stops conditioning on previous text after a window it had to decode hot)
+        if prompt and (hypothesis.repetitive or (closing and hypothesis.looks_hallucinated)):
+            # transcribe also stops conditioning on previous text after a window it had to decode hot
+            hypothesis = self.decoder.decode(audio, self.buffer_start, "")
         return hypothesis.shifted(self.buffer_start / SAMPLE_RATE)
 
     def _prompt(self) -> str:
@@ -216,7 +221,7 @@ class StreamingSession:
         events = self._catch_up(end)
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
-        last = self._decode(end) if end - self.buffer_start >= self.min_audio // 5 else None
+        last = self._decode(end, closing=True) if end - self.buffer_start >= self.min_audio // 5 else None
         if last is not None and not last.repetitive:
             events += self._commit(self.agreement.flush(last.words))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
