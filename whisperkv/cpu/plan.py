@@ -201,8 +201,12 @@ def _plan_encoder(
     tiled = tiled and TiledEncoderAttention.available(kernel.library)
     # the int8 encoder's block runner hands its attention bfloat16 queries, keys and values laid out as
     # one projection (``Int8EncoderBlock``): the dot kernel takes them; its twin (``rows_on`` False)
-    # goes head by head from float32
-    dot = (head_by_head or (int8_encoder and rows_on)) and _dot_kernel(model, kernel, tiles)
+    # goes head by head from float32; the int8 type's bfloat16 encoder (AMX's) asked to go head by head
+    # goes so (its numbers as before the dot kernel)
+    bfloat16_type = model.compute_type == "bfloat16"
+    dot = ((head_by_head and bfloat16_type) or (int8_encoder and rows_on)) and _dot_kernel(
+        model, kernel, tiles
+    )
     # without native bfloat16 the int8 type's float32 encoder attends in 16-bit integers where AVX2 can
     int16 = int8_on and not (bfloat16_encoder or int8_encoder) and _int16_kernel(model, kernel, tiles)
     encoder_attention = (
