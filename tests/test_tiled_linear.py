@@ -183,18 +183,46 @@ def test_the_int8_encoder_is_as_close_to_float32_with_them_as_without(tiles, int
 
 
 def test_weights_changed_after_packing_are_packed_again(tiles, int8_model, mel):
-    """A packed copy must never outlive the weights it was made from: change one in place, and the tiles
-    compute with the new one (as the twin does)."""
+    """A packed copy must never outlive the weights it was made from: a convolution's bias changed in
+    place, or a linear's weight given back, changed and planned again, and the tiles compute with the
+    new one (as the twin does)."""
     _tiled(int8_model)
     model = copy.deepcopy(int8_model)
     assert isinstance(model.encoder.blocks[0].tiles, EncoderBlockTiles)
     with torch.no_grad():
         before = model.embed_audio(mel.bfloat16())
+        use_attention_kernels(model, linears=False)
         model.encoder.blocks[1].mlp[2].weight.mul_(0.5)
         model.encoder.conv2.bias.add_(0.25)
+        use_attention_kernels(model)
         after = _encoders(model, mel.bfloat16())
     assert not torch.equal(after[True], before)
     assert (after[True].float() - after[False].float()).abs().mean() < 0.02
+
+
+def test_the_tiles_hold_the_only_copy_of_the_linears_and_give_it_back_exactly(tiles, int8_model):
+    """Held by the tiles, the block's linears are shapes on the meta device (1.26 GB of large-v3-turbo's
+    encoder not held twice); given back, the same bits; a weight changed in place meanwhile is refused."""
+    _tiled(int8_model)
+    model = copy.deepcopy(int8_model)
+    use_attention_kernels(model, linears=False)
+    block = model.encoder.blocks[0]
+    weights = [layer.weight.clone() for layer in (block.attn.query, block.attn.value, block.mlp[0])]
+    use_attention_kernels(model)
+    assert all(layer.weight.is_meta for layer in (block.attn.query, block.attn.out, block.mlp[2]))
+    assert block.attn.qkv is None and isinstance(block.tiles, EncoderBlockTiles)
+    state = model.state_dict()  # the numbers, unpacked from the tiles
+    assert torch.equal(state["encoder.blocks.0.attn.query.weight"], weights[0])
+    assert torch.equal(state["encoder.blocks.0.mlp.0.weight"], weights[2])
+    use_attention_kernels(model, linears=False)
+    again = [layer.weight for layer in (block.attn.query, block.attn.value, block.mlp[0])]
+    assert all(torch.equal(a, b) for a, b in zip(again, weights))
+    assert block.attn.query.weight.data_ptr() == block.attn.qkv.keywords["weight"].data_ptr()  # views
+    use_attention_kernels(model)
+    with torch.no_grad():
+        block.mlp[2].weight.mul_(0.5)  # meta: nothing computes, the tiles keep the old numbers
+    with pytest.raises(ValueError, match=r"mlp\.2 weight was changed in place"):
+        use_attention_kernels(model, linears=False)
 
 
 def test_the_int8_types_transcripts_with_them_are_the_twins(tiles, int8_model):

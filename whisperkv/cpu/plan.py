@@ -226,6 +226,8 @@ def _plan_encoder(
     tiled_linear = TiledEncoderLinear(kernel.library) if linears else None
     for block in model.encoder.blocks:
         block.attn.kernel = encoder_attention
+        if isinstance(block.tiles, EncoderBlockTiles):  # they hold its weights: given back first
+            block.tiles.restore(block)
         block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
     model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
     encoder = "amx tiles" if tiled else "dot kernel" if dot else "head-by-head" if head_by_head else "sdpa"

@@ -48,6 +48,10 @@ class PackedLinear:
         bias32 = torch.zeros(n) if bias is None else bias.detach().float()
         return cls(packed, bias32.contiguous(), n, k)
 
+    def unpacked(self) -> torch.Tensor:
+        """The weight [out, in] as it was given, exactly (a new tensor)."""
+        return self.weight.permute(0, 3, 1, 2, 4).reshape(self.out_features, self.in_features)
+
 
 class TiledEncoderLinear:
     """``epilogue(x @ weight.T + bias)`` for bfloat16 rows, where the kernels' library was built with AMX
@@ -119,7 +123,12 @@ class TiledEncoderLinear:
 
 class EncoderBlockTiles:
     """One encoder block's four linears packed for the tiles: ``forward`` is ``EncoderBlock.forward``'s
-    fast twin (its LayerNorms and attention as they are). Packed again if a weight changed since."""
+    fast twin (its LayerNorms and attention as they are). Packed again if a weight was replaced since.
+
+    The packed weights are the block's only copy: its linears keep their shapes on the meta device (a
+    computation with them fails, never runs on stale numbers) until ``restore`` gives them back, exactly,
+    for another runner. Held twice, large-v3-turbo's encoder was 1.26 GB more in bfloat16. A weight
+    changed in place while the tiles hold it is refused by name when they next pack or give it back."""
 
     def __init__(self, linear: TiledEncoderLinear, block: EncoderBlock) -> None:
         self.linear = linear
@@ -133,13 +142,46 @@ class EncoderBlockTiles:
         return _fingerprint(p for layer in _linears(block) for p in layer.parameters())
 
     def _pack(self, block: EncoderBlock) -> None:
+        if hasattr(self, "qkv"):  # packed before: what these tiles hold goes back to the block first
+            self.restore(block)
         weight, bias = block.attn.qkv_parameters()
         self.qkv = PackedLinear.of(weight, bias)
         self.out = PackedLinear.of(block.attn.out.weight, block.attn.out.bias)
         fc1, _, fc2 = block.mlp
         self.fc1 = PackedLinear.of(fc1.weight, fc1.bias)
         self.fc2 = PackedLinear.of(fc2.weight, fc2.bias)
+        for layer in _linears(block):
+            layer.weight = nn.Parameter(layer.weight.to("meta"), requires_grad=False)
+        block.attn.qkv = None  # the fused projection (``fuse_qkv``) held them too
+        if _state_from_tiles not in block._state_dict_hooks.values():
+            block.register_state_dict_post_hook(_state_from_tiles)
         self.sources = self._sources(block)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The linears' weights these tiles hold, unpacked (new tensors), by their names in the block."""
+        query, key, value = self.qkv.unpacked().split(self.out.in_features)
+        rest = (layer.unpacked() for layer in (self.out, self.fc1, self.fc2))
+        return dict(zip(LINEAR_NAMES, (query, key, value, *rest)))
+
+    def restore(self, block: EncoderBlock) -> None:
+        """Give the block back the weights these tiles hold (PyTorch's twin runs, or a plan packs again);
+        a weight set on the block since is kept."""
+        edited = [
+            n
+            for n, layer in zip(LINEAR_NAMES, _linears(block))
+            if layer.weight.is_meta and layer.weight._version
+        ]
+        if edited:
+            raise ValueError(
+                f"the encoder's {', '.join(edited)} weight was changed in place while the AMX tiles held it "
+                "(its only copy): give the weights back first (use_attention_kernels(model, linears=False)), "
+                "change them, then plan again"
+            )
+        for layer, weight in zip(_linears(block), self.weights().values()):
+            if layer.weight.is_meta:
+                layer.weight = nn.Parameter(weight, requires_grad=False)
+        attn = block.attn
+        attn.fuse_qkv(attn._make_qkv)  # one [3d, d] matrix again, the three layers views of it
 
     def forward(self, block: EncoderBlock, x: torch.Tensor) -> torch.Tensor:
         if self._sources(block) != self.sources:
@@ -230,6 +272,20 @@ def _fingerprint(tensors: Iterable[torch.Tensor]) -> tuple:
     """What a packed copy was made from: each tensor's memory and in-place version (both tile classes
     pack again when it changes)."""
     return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+def _state_from_tiles(block: nn.Module, state: dict, prefix: str, metadata: dict) -> None:
+    """``state_dict()`` of a block whose linears the tiles hold: their weights unpacked, so a model saved
+    or compared is its numbers, not meta shapes."""
+    tiles = getattr(block, "tiles", None)
+    if isinstance(tiles, EncoderBlockTiles):
+        for name, weight in tiles.weights().items():
+            key = f"{prefix}{name}.weight"
+            if key in state and state[key].is_meta:
+                state[key] = weight
+
+
+LINEAR_NAMES = ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.0", "mlp.2")  # as ``_linears``
 
 
 def _linears(block: EncoderBlock) -> tuple[nn.Linear, ...]:
