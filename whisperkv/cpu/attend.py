@@ -99,3 +99,14 @@ def load_kernel(directory: Path | None = None) -> AttendKernel | None:
     the caller then keeps SDPA."""
     built = load_library(directory)
     return None if built is None else AttendKernel(built.library, built.path)
+
+
+def kernel_function(name: str, restype: object, argtypes: list) -> ctypes._CFuncPtr | None:
+    """One function of the kernels' library with its C signature set, or None where the library is not
+    built (the caller's twin runs). Callers cache it (``functools.cache``)."""
+    built = load_kernel()
+    if built is None:
+        return None
+    function = getattr(built.library, name)
+    function.restype, function.argtypes = restype, argtypes
+    return function

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.attend import kernel_function
 
 #: the largest |cost| the C fill takes: sums of n + m of them stay far below its border (FLT_MAX)
 MAX_COST = 1e30
@@ -22,13 +22,8 @@ MAX_COST = 1e30
 
 @functools.cache
 def _kernel_fn() -> ctypes._CFuncPtr | None:
-    built = load_kernel()
-    if built is None:
-        return None
-    fn = built.library.wkv_dtw
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    return fn
+    pointer, long = ctypes.c_void_p, ctypes.c_long
+    return kernel_function("wkv_dtw", long, [pointer, long, long, pointer, pointer])
 
 
 def path(x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

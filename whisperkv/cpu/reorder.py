@@ -25,15 +25,10 @@ _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 
 @functools.cache
 def _kernel() -> ctypes._CFuncPtr | None:
-    from whisperkv.cpu.attend import load_kernel  # the model's kernels library, built once
+    from whisperkv.cpu.attend import kernel_function  # the model's kernels library, built once
 
-    built = load_kernel()
-    if built is None:
-        return None
-    function = built.library.wkv_reorder_rows
-    function.restype = None
-    function.argtypes = [_POINTER, _LONG, _LONG, _LONG, _LONG, _LONG, _POINTER, _LONG, _POINTER]
-    return function
+    arguments = [_POINTER, _LONG, _LONG, _LONG, _LONG, _LONG, _POINTER, _LONG, _POINTER]
+    return kernel_function("wkv_reorder_rows", None, arguments)
 
 
 def takes(self_kvs: list[SelfKV], rows: int) -> bool:

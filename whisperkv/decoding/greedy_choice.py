@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.attend import kernel_function
 from whisperkv.decoding.logit_filters import LogitFilter, SuppressBlank, SuppressTokens, TimestampRules
 from whisperkv.decoding.search import BeamSearch, GreedySearch
 
@@ -42,14 +42,10 @@ NEG_INF = float("-inf")
 
 @functools.cache
 def _kernel_fn() -> ctypes._CFuncPtr | None:
-    library = load_kernel()
-    if library is None:
-        return None
-    fn = library.library.wkv_greedy_row
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
-    fn.argtypes += [ctypes.c_void_p] * 3
-    return fn
+    pointer, long = ctypes.c_void_p, ctypes.c_long
+    return kernel_function(
+        "wkv_greedy_row", ctypes.c_int, [pointer, long, long, pointer, long] + [pointer] * 3
+    )
 
 
 def _id_ranges(ids: torch.Tensor) -> list[tuple[int, int]]:

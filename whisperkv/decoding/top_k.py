@@ -18,20 +18,16 @@ import functools
 
 import torch
 
-from whisperkv.cpu.attend import load_kernel
+from whisperkv.cpu.attend import kernel_function
 
 MAX_K = 63  # MAXK - 1 in top_k.c
 
 
 @functools.cache
 def _kernel_fn() -> ctypes._CFuncPtr | None:
-    library = load_kernel()
-    if library is None:
-        return None
-    fn = library.library.wkv_top_k
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
-    return fn
+    return kernel_function(
+        "wkv_top_k", ctypes.c_int, [ctypes.c_void_p] + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 3
+    )
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
