@@ -17,6 +17,8 @@ one of them on the same float32 weights, and every variant transcribes the bench
 * ``float32-caches``— Self-KV and Cross-KV held in float32;
 * ``bfloat16-encoder`` — the encoder in bfloat16;
 * ``int8-rows-encoder`` — the encoder's linears in int8 through the rows kernel (each position's own scale);
+* ``int8-tiles-encoder`` — the encoder's linears in int8 through AMX's int8 tiles (each position's own
+                      scale, bfloat16 between them: ``cpu/int8_tiles.py``), where the CPU has AMX-INT8;
 * ``int8-encoder``  — the encoder's linears in int8 through fbgemm (one scale a window);
 * ``float32-vocab`` — the vocabulary projection in float32 (the table's int8 copy left unused);
 * ``float32``       — no approximation: the reference's numbers.
@@ -52,12 +54,14 @@ VARIANTS = (
     "float32-caches",
     "bfloat16-encoder",
     "int8-rows-encoder",
+    "int8-tiles-encoder",
     "int8-encoder",
     "float32-vocab",
 )
 VARIANTS += ("float32",)
 #: the variants that choose the encoder, and the encoder they choose (``quantize_int8``'s ``encoder``)
 ENCODERS = {"bfloat16-encoder": "bfloat16", "int8-rows-encoder": "int8 rows", "int8-encoder": "int8"}
+ENCODERS["int8-tiles-encoder"] = "int8 tiles"
 
 
 def load_variant(model: str, variant: str) -> Whisper:

@@ -174,6 +174,16 @@ def int8_model():
     return whisperkv.load_model("tiny.en", compute_type="int8")
 
 
+@pytest.fixture(scope="module")
+def int8_bf16_encoder_model():
+    """tiny.en as the int8 type with its bfloat16 encoder (AMX's bfloat16 tiles), whichever encoder this
+    CPU's int8 type takes (with AMX for int8 too, the int8 tiles': ``tests/test_int8_tiles.py``)."""
+    import whisperkv
+    from whisperkv.cpu.quantize import quantize_int8
+
+    return quantize_int8(whisperkv.load_model("tiny.en", compute_type="float32"), encoder="bfloat16")
+
+
 @pytest.fixture(scope="session")
 def exported_pt(tmp_path_factory, tiny_model) -> Path:
     """tiny.en written as an OpenAI .pt by our converter: the weights both engines load."""

@@ -248,6 +248,7 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
     linears = ", linears kernel, final norm kernel" if built else ""
     decoder = f"+attention(decoder kernel, bfloat16 caches{linears}, encoder "
     names = ("head-by-head", "amx tiles, linears tiles, convolutions tiles", "amx tiles", "sdpa")
+    names += ("amx tiles, linears int8 tiles, convolutions tiles",)  # AMX-INT8 too: cpu/int8_tiles.py
     names += ("int16 kernel",)  # AVX2 without native bfloat16: fbgemm's linears
     for attention in ("head-by-head bfloat16", "dot kernel"):  # VNNI, no AMX
         names += (f"{attention}, linears rows kernel, convolutions bfloat16",)
@@ -357,7 +358,8 @@ def test_the_int8_encoders_attention_follows_the_cpu_or_the_caller(int8_model, k
     if TiledEncoderAttention.available(kernel.library):
         ways.append(({"head_by_head": False, "linears": False}, TiledEncoderAttention, "encoder amx tiles)"))
     if TiledEncoderLinear.available(kernel.library):  # the linears too (``cpu/tiled_linear.py``)
-        ending = "encoder amx tiles, linears tiles, convolutions tiles)"
+        linears = "linears int8 tiles" if "encoder int8 tiles" in digest else "linears tiles"  # int8_tiles.py
+        ending = f"encoder amx tiles, {linears}, convolutions tiles)"
         ways.append(({"head_by_head": False}, TiledEncoderAttention, ending))
     try:
         for options, kind, ending in ways:

@@ -19,6 +19,7 @@ import torch
 import whisperkv
 from whisperkv.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperkv.cpu.int8_rows import load_rows_kernel
+from whisperkv.cpu.int8_tiles import Int8TileLinear
 from whisperkv.cpu.quantize import Int8Linear, encoder_choice, quantize_int8
 from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.decoding.logit_filters import TimestampRules
@@ -166,8 +167,10 @@ def test_int8_model_layout(int8_model):
         assert isinstance(block.attn.qkv, Int8Linear)
         assert isinstance(block.mlp[0], Int8Linear) and isinstance(block.cross_attn.out, Int8Linear)
     assert "+int8" in int8_model.weights_digest
-    if encoder_choice(load_rows_kernel()) == "bfloat16":
+    choice = encoder_choice(load_rows_kernel())  # tiny.en's widths fit every encoder
+    if choice in ("bfloat16", "int8 tiles"):
         assert int8_model.encoder_dtype == torch.bfloat16
+        assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8TileLinear) == (choice == "int8 tiles")
         # the Cross-KV's projections (compute-bound, once a window) in bfloat16 with the encoder
         for block in decoder.blocks:
             for linear in (block.cross_attn.key, block.cross_attn.value):

@@ -50,7 +50,10 @@ def test_without_amx_the_int8_type_takes_the_rows_encoder(monkeypatch):
     assert encoder_choice(kernel) == "int8"
     monkeypatch.setattr("whisperkv.cpu.quantize.cpu_has_amx_bf16", lambda: True)
     monkeypatch.setattr("whisperkv.cpu.quantize.cpu_has_fast_bfloat16", lambda: True)
+    monkeypatch.setattr("whisperkv.cpu.quantize.int8_tiles_available", lambda: False)
     assert encoder_choice(kernel) == "bfloat16"  # AMX's bfloat16 tiles (tests/test_tiled_linear.py)
+    monkeypatch.setattr("whisperkv.cpu.quantize.int8_tiles_available", lambda: True)
+    assert encoder_choice(kernel) == "int8 tiles"  # AMX-INT8 too (tests/test_int8_tiles.py)
 
 
 def test_the_rows_encoder_is_planned_and_named(rows_model):

@@ -23,6 +23,7 @@ from whisperkv.audio import load_audio
 from whisperkv.cpu.bf16_linear import Bfloat16Linear, load_bf16_rows_kernel
 from whisperkv.cpu.bfloat16 import convert_bfloat16
 from whisperkv.cpu.int8_linear import Int8Linear
+from whisperkv.cpu.int8_tiles import Int8TileLinear, int8_tiles_available
 from whisperkv.cpu.quantize import quantize_int8
 from whisperkv.cpu.vocab import DEFAULT_LAYOUT
 from whisperkv.load import model_from_checkpoint
@@ -56,7 +57,7 @@ def assert_same_model(got, want) -> None:
     for name, tensor in want_state.items():
         assert got_state[name].dtype == tensor.dtype, name
         assert torch.equal(got_state[name], tensor), name
-    kinds = (Int8Linear, Bfloat16Linear)
+    kinds = (Int8Linear, Bfloat16Linear, Int8TileLinear)
     got_linears = {name: m for name, m in got.named_modules() if isinstance(m, kinds)}
     want_linears = {name: m for name, m in want.named_modules() if isinstance(m, kinds)}
     assert list(got_linears) == list(want_linears) and got_linears
@@ -118,9 +119,12 @@ def test_the_float16_checkpoint_is_kept_until_its_block_is_quantised(float16_pt)
     assert model.dtype == torch.float16 and model.encoder.blocks[0].mlp[0].weight.dtype == torch.float16
 
 
-@pytest.mark.parametrize("encoder", ["bfloat16", "int8"])
+@pytest.mark.parametrize("encoder", ["bfloat16", "int8", "int8 tiles"])
 def test_every_int8_encoder_gives_the_same_model_from_float16(encoder, float16_pt):
-    """The encoders this CPU does not pick (AMX machines take bfloat16, others fbgemm's int8)."""
+    """The encoders this CPU may not pick (AMX-INT8 machines take the int8 tiles', others bfloat16 or
+    fbgemm's int8)."""
+    if encoder == "int8 tiles" and not int8_tiles_available():
+        pytest.skip("no AMX int8 tiles here")
     held = model_from_checkpoint(load_checkpoint(float16_pt, widen=False), dtype=None)
     twin = widened_then_quantised(float16_pt, encoder=encoder)
     assert_same_model(quantize_int8(held, encoder=encoder), twin)
@@ -158,8 +162,9 @@ def test_the_int8_model_holds_no_second_copy_of_query_key_value():
     from whisperkv.cpu.int8_linear import Int8FusedPart
 
     model = whisperkv.load_model("tiny.en", compute_type="int8")
-    # with AMX the encoder is bfloat16 in the tiles (``quantize.py``): no int8 layer in it
-    int8_encoder = model.encoder_dtype != torch.bfloat16
+    # with AMX-INT8 the encoder's query|key|value is one int8 tiles layer, its thirds the three layers;
+    # with AMX for bfloat16 alone the encoder is bfloat16 in the tiles (``quantize.py``): no int8 layer
+    int8_encoder = model.encoder_dtype != torch.bfloat16 or "encoder int8 tiles" in model.weights_digest
     for block in [*(model.encoder.blocks if int8_encoder else []), *model.decoder.blocks]:
         attn = block.attn
         assert all(isinstance(layer, Int8FusedPart) for layer in (attn.query, attn.key, attn.value))

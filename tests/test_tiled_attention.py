@@ -72,10 +72,11 @@ def test_it_takes_only_what_it_computes(tiles):
     assert (tiles(q2, k2, v2).float() - want).abs().max() < 3e-2
 
 
-def test_the_int8_types_transcripts_with_tiles_are_those_with_sdpa(tiles, int8_model):
+def test_the_int8_types_transcripts_with_tiles_are_those_with_sdpa(tiles, int8_bf16_encoder_model):
     """Real speech, the int8 type's whole model: its words with the tiles and with SDPA's bfloat16 path.
     An approximation's words, so at most one of them differs: on round 18's Xeon, lj_LJ001-0007's
     "Gutenberg" (a name) came out "gudenberg" with the tiles and "guttenburg" with SDPA."""
+    int8_model = int8_bf16_encoder_model
     if not isinstance(int8_model.encoder.blocks[0].attn.kernel, TiledEncoderAttention):
         pytest.skip("this int8 model's encoder is not bfloat16 here")
     # the attention alone: the linears through PyTorch both ways

@@ -122,11 +122,13 @@ def test_it_takes_only_what_it_computes(tiles):
     assert not TiledEncoderLinear.takes(torch.nn.Linear(80, 384).bfloat16())  # not a multiple of 32
 
 
-def test_the_convolutions_in_tiles_are_pytorchs_but_for_a_sum_rounding_the_other_way(tiles, int8_model):
+def test_the_convolutions_in_tiles_are_pytorchs_but_for_a_sum_rounding_the_other_way(
+    tiles, int8_bf16_encoder_model
+):
     """The encoder's front (two convolutions read as overlapping rows, GELUs, positions) against PyTorch's
     convolutions: two windows, each its own numbers, and PyTorch's but for a few elements a rounding away."""
-    _tiled(int8_model)
-    encoder, front = int8_model.encoder, int8_model.encoder.front
+    _tiled(int8_bf16_encoder_model)
+    encoder, front = int8_bf16_encoder_model.encoder, int8_bf16_encoder_model.encoder.front
     assert isinstance(front, EncoderFrontTiles)
     g = torch.Generator().manual_seed(5)
     mel = (torch.randn(2, 80, 3000, generator=g) * 0.5).bfloat16()
@@ -171,23 +173,25 @@ def _tiled(model) -> None:
         pytest.skip("this int8 model's encoder linears are not in tiles here")
 
 
-def test_the_int8_encoder_is_as_close_to_float32_with_them_as_without(tiles, int8_model, tiny_model, mel):
-    _tiled(int8_model)
-    assert "linears tiles, convolutions tiles" in int8_model.weights_digest
+def test_the_int8_encoder_is_as_close_to_float32_with_them_as_without(
+    tiles, int8_bf16_encoder_model, tiny_model, mel
+):
+    _tiled(int8_bf16_encoder_model)
+    assert "linears tiles, convolutions tiles" in int8_bf16_encoder_model.weights_digest
     with torch.no_grad():
         want = tiny_model.embed_audio(mel)
-        outputs = _encoders(int8_model, mel.bfloat16())
+        outputs = _encoders(int8_bf16_encoder_model, mel.bfloat16())
     ours, twin = ((outputs[on].float() - want).abs().mean() for on in (True, False))
     assert ours <= 1.05 * twin, (ours, twin)
     assert not torch.equal(outputs[True], outputs[False])  # GELU's tail: other numbers, another digest
 
 
-def test_weights_changed_after_packing_are_packed_again(tiles, int8_model, mel):
+def test_weights_changed_after_packing_are_packed_again(tiles, int8_bf16_encoder_model, mel):
     """A packed copy must never outlive the weights it was made from: a convolution's bias changed in
     place, or a linear's weight given back, changed and planned again, and the tiles compute with the
     new one (as the twin does)."""
-    _tiled(int8_model)
-    model = copy.deepcopy(int8_model)
+    _tiled(int8_bf16_encoder_model)
+    model = copy.deepcopy(int8_bf16_encoder_model)
     assert isinstance(model.encoder.blocks[0].tiles, EncoderBlockTiles)
     with torch.no_grad():
         before = model.embed_audio(mel.bfloat16())
@@ -200,11 +204,11 @@ def test_weights_changed_after_packing_are_packed_again(tiles, int8_model, mel):
     assert (after[True].float() - after[False].float()).abs().mean() < 0.02
 
 
-def test_the_tiles_hold_the_only_copy_of_the_linears_and_give_it_back_exactly(tiles, int8_model):
+def test_the_tiles_hold_the_only_copy_of_the_linears_and_give_it_back_exactly(tiles, int8_bf16_encoder_model):
     """Held by the tiles, the block's linears are shapes on the meta device (1.26 GB of large-v3-turbo's
     encoder not held twice); given back, the same bits; a weight changed in place meanwhile is refused."""
-    _tiled(int8_model)
-    model = copy.deepcopy(int8_model)
+    _tiled(int8_bf16_encoder_model)
+    model = copy.deepcopy(int8_bf16_encoder_model)
     use_attention_kernels(model, linears=False)
     block = model.encoder.blocks[0]
     weights = [layer.weight.clone() for layer in (block.attn.query, block.attn.value, block.mlp[0])]
@@ -225,11 +229,11 @@ def test_the_tiles_hold_the_only_copy_of_the_linears_and_give_it_back_exactly(ti
         use_attention_kernels(model, linears=False)
 
 
-def test_the_int8_types_transcripts_with_them_are_the_twins(tiles, int8_model):
+def test_the_int8_types_transcripts_with_them_are_the_twins(tiles, int8_bf16_encoder_model):
     """Real speech, the int8 type's whole model: its words with the tiled linears and with PyTorch's. An
     approximation's words, so a few may differ: on round 19's Xeon, ls_1089-134686-0000's "fattened sauce"
     came out "fat and sauce" with the tiles and "fatened sauce" without (two edits); jfk's are equal."""
-    _tiled(int8_model)
-    texts = {on: int8_words(int8_model, linears=on) for on in (True, False)}
+    _tiled(int8_bf16_encoder_model)
+    texts = {on: int8_words(int8_bf16_encoder_model, linears=on) for on in (True, False)}
     assert texts[True][0] == texts[False][0]  # jfk
     assert sum(word_errors(a, b)[0] for a, b in zip(texts[False], texts[True], strict=True)) <= 2, texts

@@ -24,6 +24,7 @@ from whisperkv.cpu.head_by_head import HeadByHeadAttention
 from whisperkv.cpu.int8_decoder_step import use_int8_step
 from whisperkv.cpu.int8_encoder import Bfloat16Front, Int8EncoderBlock
 from whisperkv.cpu.int8_step import Int8StepRows, load_int8_step_rows
+from whisperkv.cpu.int8_tiles import EncoderBlockInt8Tiles
 from whisperkv.cpu.int16_attention import Int16EncoderAttention
 from whisperkv.cpu.step_rows import use_step_rows
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
@@ -134,7 +135,8 @@ def use_attention_kernels(
     AMX it runs in the kernels' bfloat16 tiles (``cpu/tiled_attention.py``, round 18) unless ``tiles``
     is False (then SDPA, its twin), and so do its linears with their bias, GELU and residual add
     (``cpu/tiled_linear.py``, round 19) unless ``linears`` or ``tiles`` is False (then PyTorch's, their
-    twin). Without native bfloat16 the int8 type's encoder is float32 between fbgemm's int8 linears: it
+    twin); where the encoder's linears are int8 (AMX-INT8: ``cpu/int8_tiles.py``), in the int8 tiles the
+    same way (their twin ``Int8TileLinear.forward``). Without native bfloat16 the int8 type's encoder is float32 between fbgemm's int8 linears: it
     attends in 16-bit integers through AVX2 (``cpu/int16_attention.py``) unless ``tiles`` is False (then
     SDPA, its twin). The float32 encoder keeps SDPA and PyTorch's linears.
 
@@ -221,19 +223,24 @@ def _plan_encoder(
         else None
     )
     linears = tiled and linears and TiledEncoderLinear.available(kernel.library)
-    linears = linears and all(EncoderBlockTiles.takes(block) for block in model.encoder.blocks)
-    front = linears and EncoderFrontTiles.takes(model.encoder)
     tiled_linear = TiledEncoderLinear(kernel.library) if linears else None
-    for block in model.encoder.blocks:
+    blocks = model.encoder.blocks
+    # the int8 encoder's linears (``cpu/int8_tiles.py``) or the bfloat16 ones packed for the tiles
+    int8_blocks = linears and all(EncoderBlockInt8Tiles.takes(block) for block in blocks)
+    int8_blocks = int8_blocks and TiledEncoderLinear.int8_available(kernel.library)
+    bf16_blocks = linears and not int8_blocks and all(EncoderBlockTiles.takes(block) for block in blocks)
+    front = (int8_blocks or bf16_blocks) and EncoderFrontTiles.takes(model.encoder)
+    for block in blocks:
         block.attn.kernel = encoder_attention
         if isinstance(block.tiles, EncoderBlockTiles):  # they hold its weights: given back first
             block.tiles.restore(block)
-        block.tiles = EncoderBlockTiles(tiled_linear, block) if tiled_linear else None
-    model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if tiled_linear and front else None
+        runner = EncoderBlockInt8Tiles(tiled_linear) if int8_blocks else None
+        block.tiles = EncoderBlockTiles(tiled_linear, block) if bf16_blocks else runner
+    model.encoder.front = EncoderFrontTiles(tiled_linear, model.encoder) if front else None
     encoder = "amx tiles" if tiled else "dot kernel" if dot else "head-by-head" if head_by_head else "sdpa"
     encoder = "int16 kernel" if int16 else encoder
     encoder = ("dot kernel" if dot else "head-by-head bfloat16") if int8_encoder else encoder
-    encoder += ", linears tiles" if linears else ""
+    encoder += ", linears int8 tiles" if int8_blocks else ", linears tiles" if bf16_blocks else ""
     encoder += ", convolutions tiles" if front else ""
     if int8_on and not bfloat16_encoder:
         encoder += _plan_int8_encoder(model, rows_on)

@@ -11,9 +11,12 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
   value projections where the encoder is bfloat16: they run once per window over 1,500 positions
   (compute-bound, like the encoder), in bfloat16 too.
-* the encoder is compute-bound (1,500 positions per window). With AMX it runs in bfloat16 tiles, both
-  faster and closer to float32 than int8 there; with AVX512-VNNI but no AMX its linears are int8 through
-  the rows kernel, which makes twice the products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
+* the encoder is compute-bound (1,500 positions per window). With AMX for int8 its linears are int8 in
+  AMX's int8 tiles, bfloat16 between them (``cpu/int8_tiles.py``: at large-v3-turbo's width 1.39 s a
+  window against 1.94 in bfloat16 tiles, and half the weight bytes); with AMX for bfloat16 alone it
+  runs in bfloat16 tiles (faster and closer to float32 than int8 through VNNI there); with AVX512-VNNI
+  but no AMX its linears are int8 through the rows kernel, which makes twice the products of
+  AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
   bfloat16 where the CPU has AVX512-BF16, else int8 through fbgemm (``encoder_choice``).
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept, and
@@ -37,13 +40,14 @@ from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16, cpu_has_avx512_vnni
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
+from whisperkv.cpu.int8_tiles import Int8TileLinear, int8_tiles_available, quantize_block
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
 from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.model.attention import MultiHeadAttention
 from whisperkv.model.whisper import Whisper, state_digest
 
 #: the int8 type's encoders (``encoder_choice``)
-ENCODERS = ("bfloat16", "int8 rows", "int8")
+ENCODERS = ("int8 tiles", "bfloat16", "int8 rows", "int8")
 
 
 def _bfloat16_linear(linear: nn.Linear) -> nn.Linear:
@@ -75,8 +79,18 @@ def _replace_linears(
                 setattr(parent, name, Int8Linear.from_linear(child, kernel))
 
 
-def encoder_choice(kernel: Int8RowsKernel | None) -> str:
-    """The int8 type's encoder on this CPU: ``bfloat16`` in AMX's tiles; else ``int8 rows``, its linears
+def _fits_int8_tiles(model: Whisper) -> bool:
+    """Whether the int8 tiles' steps (64 inputs) and blocks (32 outputs) divide the encoder's linears
+    (every Whisper size's do; a test's made-up widths may not)."""
+    block = model.encoder.blocks[0] if len(model.encoder.blocks) else None
+    layers = () if block is None else (block.attn.query, block.attn.out, block.mlp[0], block.mlp[2])
+    return bool(layers) and all(Int8TileLinear.takes(layer) for layer in layers)
+
+
+def encoder_choice(kernel: Int8RowsKernel | None, model: Whisper | None = None) -> str:
+    """The int8 type's encoder on this CPU (for ``model``'s widths): ``int8 tiles`` with AMX for int8 and
+    bfloat16 (int8 linears in AMX's int8 tiles, bfloat16 between them: ``cpu/int8_tiles.py``), else
+    ``bfloat16`` in AMX's bfloat16 tiles; else ``int8 rows``, its linears
     through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions quantised on its
     own, as a decoder step's rows are) where that builds with VNNI; else ``bfloat16`` where the CPU
     multiplies it natively (AVX512-BF16); else ``int8`` (fbgemm). On AVX2 alone the rows kernel's 16-bit
@@ -91,7 +105,11 @@ def encoder_choice(kernel: Int8RowsKernel | None) -> str:
     971 CPU ms (2-core AMD EPYC Zen 4, shared machine, medians of 5: ``benchmarks/encoder_int8.py``);
     tiny.en's words: 163 errors against bfloat16's 170 in 2,288 (``benchmarks/int8_variants.py``)."""
     if cpu_has_amx_bf16() and cpu_has_fast_bfloat16():
-        return "bfloat16"
+        return (
+            "int8 tiles"
+            if int8_tiles_available() and (model is None or _fits_int8_tiles(model))
+            else "bfloat16"
+        )
     if kernel is not None and cpu_has_avx512_vnni():
         return "int8 rows"
     return "bfloat16" if cpu_has_fast_bfloat16() else "int8"
@@ -125,9 +143,15 @@ def quantize_int8(
     kernel = load_rows_kernel() if rows_kernel else None
     if encoder is None and encoder_bfloat16 is not None:
         encoder = "bfloat16" if encoder_bfloat16 else "int8"
-    encoder = encoder or encoder_choice(kernel)
-    if encoder not in ENCODERS or (encoder == "int8 rows" and kernel is None):
-        raise ValueError(f"unknown or unavailable int8 encoder {encoder!r}: bfloat16, int8 rows or int8")
+    encoder = encoder or encoder_choice(kernel, model)
+    unavailable = (encoder == "int8 rows" and kernel is None) or (
+        encoder == "int8 tiles" and not (int8_tiles_available() and _fits_int8_tiles(model))
+    )
+    if encoder not in ENCODERS or unavailable:
+        raise ValueError(
+            f"unknown or unavailable int8 encoder {encoder!r}: int8 tiles, bfloat16, int8 rows or int8"
+        )
+    bfloat16_between = encoder in ("int8 tiles", "bfloat16")  # the encoder's dtype between its linears
     released = functools.partial(part_converted, release)
     # of the float32 weights, before they are replaced (without a float32 plan's attention: a model
     # loaded as float32 and quantised here would otherwise lose this part of the name to it)
@@ -141,13 +165,15 @@ def quantize_int8(
     for block in model.encoder.blocks:  # float16 tensors converted a block at a time: one float32 block
         if encoder == "bfloat16":
             block.to(torch.bfloat16)  # the caches' dtype follows the attention (use_attention_kernels)
+        elif encoder == "int8 tiles":
+            quantize_block(block)  # float16 rows widened as quantised
         else:
             widen_float16(block, linear_weights=False)  # the linears' rows are widened as quantised
             _replace_linears(block, kernel if encoder == "int8 rows" else None)
         released()  # the block's float16 and float32 copies, not left in the heap's middle
-    if encoder == "bfloat16":
+    if bfloat16_between:
         model.encoder.to(torch.bfloat16)  # the convolutions, positions and final LayerNorm
-    keep = _quantize_decoder(model, kernel, encoder == "bfloat16", release)
+    keep = _quantize_decoder(model, kernel, bfloat16_between, release)
     # each row quantised on its own (the kernel) or all rows with one scale (fbgemm): other numbers
     decoder = ", decoder rows kernel" if kernel is not None else ""
     decoder += ", cross-KV projection bfloat16" if keep else ""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -53,6 +53,20 @@ class PackedLinear:
         return self.weight.permute(0, 3, 1, 2, 4).reshape(self.out_features, self.in_features)
 
 
+class Int8Layer(Protocol):
+    """An int8 linear packed for the int8 tiles (``cpu/int8_tiles.py``'s ``Int8TileLinear``)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    row_sums: torch.Tensor
+    bias: torch.Tensor
+    in_features: int
+    out_features: int
+
+
+Layer = PackedLinear | Int8Layer
+
+
 class TiledEncoderLinear:
     """``epilogue(x @ weight.T + bias)`` for bfloat16 rows, where the kernels' library was built with AMX
     and Linux lends the tiles."""
@@ -64,11 +78,24 @@ class TiledEncoderLinear:
         self._fn.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.c_void_p, ctypes.c_long]
         self._fn.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long]
         self._fn.argtypes += [ctypes.c_void_p, ctypes.c_long]
+        #: the same product with int8 weights (``cpu/int8_tiles.py``): their scales and row sums besides
+        self._int8 = library.wkv_encoder_linear_int8
+        self._int8.restype = ctypes.c_int
+        self._int8.argtypes = (
+            [ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_long]
+        )
+        self._int8.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long]
+        self._int8.argtypes += [ctypes.c_void_p, ctypes.c_long]
 
     @staticmethod
     def available(library: ctypes.CDLL) -> bool:
         """Whether this library has the tile path (built with AMX) and this process may use the tiles."""
         return bool(library.wkv_encoder_linear_available())
+
+    @staticmethod
+    def int8_available(library: ctypes.CDLL) -> bool:
+        """Whether this library has the int8 tile path (built with AMX-INT8) and the tiles are lent."""
+        return bool(library.wkv_encoder_linear_int8_available())
 
     def __deepcopy__(self, memo: dict) -> TiledEncoderLinear:
         return self  # a loaded library: nothing in it to copy (ctypes handles cannot be)
@@ -79,19 +106,22 @@ class TiledEncoderLinear:
     @staticmethod
     def takes(linear: nn.Linear) -> bool:
         """A bfloat16 linear whose shapes the kernel's 32 x 32 blocks divide."""
+        if not isinstance(linear, nn.Linear):
+            return False  # an int8 one (``cpu/int8_tiles.py``)
         n, k = linear.weight.shape
         return linear.weight.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
 
     def __call__(
         self,
         x: torch.Tensor,
-        layer: PackedLinear,
+        layer: Layer,
         epilogue: int = BIAS,
         residual: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x`` [..., in] (bfloat16, rows evenly spaced, overlapping or not) → [..., out], into ``out``
-        when given (rows evenly spaced); ``residual`` [..., out] with ``RESIDUAL`` and ``GELU_RESIDUAL``."""
+        when given (rows evenly spaced); ``residual`` [..., out] with ``RESIDUAL`` and ``GELU_RESIDUAL``.
+        ``layer`` bfloat16 (``PackedLinear``) or int8 (``cpu/int8_tiles.py``: ``in`` a multiple of 64)."""
         if x.dtype != torch.bfloat16 or x.shape[-1] != layer.in_features:
             shape = f"bfloat16 [..., {layer.in_features}], not {x.dtype} {tuple(x.shape)}"
             raise ValueError(f"the tiled linear takes {shape}")
@@ -111,14 +141,34 @@ class TiledEncoderLinear:
             res = residual.reshape(-1, layer.out_features)
             res = res if res.stride(1) == 1 else res.contiguous()
             res_stride = res.stride(0)
-        done = self._fn(
-            rows.data_ptr(), rows.shape[0], layer.in_features, rows.stride(0), layer.weight.data_ptr(),
-            layer.out_features, layer.bias.data_ptr(), epilogue, None if res is None else res.data_ptr(),
-            res_stride, target.data_ptr(), target.stride(0),
-        )  # fmt: skip
+        rest = (res_stride, target.data_ptr(), target.stride(0))
+        if isinstance(layer, PackedLinear):
+            done = self._fn(
+                rows.data_ptr(), rows.shape[0], layer.in_features, rows.stride(0), layer.weight.data_ptr(),
+                layer.out_features, layer.bias.data_ptr(), epilogue, None if res is None else res.data_ptr(),
+                *rest,
+            )  # fmt: skip
+        else:
+            done = self._int8(
+                rows.data_ptr(), rows.shape[0], layer.in_features, rows.stride(0), layer.packed.data_ptr(),
+                layer.scales.data_ptr(), layer.row_sums.data_ptr(), layer.out_features, layer.bias.data_ptr(),
+                epilogue, None if res is None else res.data_ptr(), *rest,
+            )  # fmt: skip
         if done != 1:
             raise RuntimeError(f"the tiled encoder linear failed (status {done}: no tiles or no memory)")
         return out
+
+    def block(
+        self, block: EncoderBlock, x: torch.Tensor, qkv: Layer, out: Layer, fc1: Layer, fc2: Layer
+    ) -> torch.Tensor:
+        """``EncoderBlock.forward`` with these four layers through the tiles, its LayerNorms and attention
+        as they are."""
+        attn = block.attn
+        q, k, v = self(block.attn_ln(x), qkv).chunk(3, dim=-1)
+        attended = attn.attention(q, heads(k, attn.n_head), heads(v, attn.n_head))
+        x = self(attended, out, RESIDUAL, x)
+        hidden = self(block.mlp_ln(x), fc1, GELU)
+        return self(hidden, fc2, RESIDUAL, x)
 
 
 class EncoderBlockTiles:
@@ -186,12 +236,7 @@ class EncoderBlockTiles:
     def forward(self, block: EncoderBlock, x: torch.Tensor) -> torch.Tensor:
         if self._sources(block) != self.sources:
             self._pack(block)
-        attn = block.attn
-        q, k, v = self.linear(block.attn_ln(x), self.qkv).chunk(3, dim=-1)
-        attended = attn.attention(q, heads(k, attn.n_head), heads(v, attn.n_head))
-        x = self.linear(attended, self.out, RESIDUAL, x)
-        hidden = self.linear(block.mlp_ln(x), self.fc1, GELU)
-        return self.linear(hidden, self.fc2, RESIDUAL, x)
+        return self.linear.block(block, x, self.qkv, self.out, self.fc1, self.fc2)
 
 
 class EncoderFrontTiles:

@@ -1,4 +1,5 @@
-/* The int8 type's bfloat16 encoder linears through AMX's bfloat16 tiles, each with what follows it.
+/* The int8 type's encoder linears through AMX's bfloat16 tiles (wkv_encoder_linear_bf16) or, with int8
+ * weights, its int8 tiles (wkv_encoder_linear_int8, below), each with what follows it.
  *
  * Through PyTorch a bfloat16 linear of the encoder is three passes over its output: the bias copied into
  * it, oneDNN's product added to it, then GELU (the MLP's first linear) or the residual add (the
@@ -12,6 +13,7 @@
  * output rounds the other way now and then: the twin is the PyTorch path, tested close against a
  * float32 reference; the int8 type's words are measured (benchmarks/bench.py).
  * Built by cpu/build.py into the kernels' library. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,12 @@
 #if defined(WKV_AMX_TILES) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #define WKV_AMX_BF16_LINEAR 1
 #endif
+#if defined(WKV_AMX_BF16_LINEAR) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+#define WKV_AMX_INT8_LINEAR 1
+#endif
 
 #define TILE 512 /* bfloat16 elements in one 16 x 64-byte tile */
+#define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 
 enum { EPILOGUE_BIAS = 0, EPILOGUE_GELU = 1, EPILOGUE_RESIDUAL = 2, EPILOGUE_GELU_RESIDUAL = 3 };
 
@@ -146,6 +152,138 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
 #else
     (void)x, (void)M, (void)K, (void)x_stride, (void)packed, (void)N, (void)bias, (void)epilogue;
     (void)residual, (void)res_stride, (void)out, (void)out_stride;
+    return 0;
+#endif
+}
+
+/* The int8 encoder's linears (cpu/int8_tiles.py): int8 weights, one scale per output, through AMX's
+ * int8 tiles (`tdpbusd`, twice the products of `tdpbf16ps` an instruction, half the weight bytes).
+ * Each thread quantises its 32 input rows as it takes them, each row on its own (8 bits, its own
+ * scale and zero point, the range always holding 0: int8_rows.c's rule), into a buffer that stays in
+ * its cache while every column block of the output is made from it; the integer sums then become
+ * scale_x * scale_w * (sum - zero * row_sum_w) + bias in float32, and are finished as the bfloat16
+ * kernel's are (rounded to bfloat16, GELU, residual). */
+#ifdef WKV_AMX_INT8_LINEAR
+/* Row ``r`` of bfloat16 ``x`` (K values) into u8 ``q``: q = round(x / scale) + zero, clamped to [0, 255]. */
+static void quantise_row(const uint16_t *x, long K, uint8_t *q, float *scale, int32_t *zero)
+{
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+    for (long k = 0; k < K; k += 16) {
+        const __m512 v = widen(_mm256_loadu_si256((const __m256i *)(x + k)));
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+    }
+    const float low = _mm512_reduce_min_ps(lo), high = _mm512_reduce_max_ps(hi);
+    /* divisions as instructions: -ffast-math would make them products by a reciprocal, another rounding
+     * than the twin's (cpu/int8_tiles.py) */
+    const float s = high > low ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(high - low), _mm_set_ss(255.f))) : 1.f;
+    const float inverse = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(1.f), _mm_set_ss(s)));
+    const int32_t z = (int32_t)nearbyintf(-low * inverse);
+    const __m512 inv = _mm512_set1_ps(inverse);
+    const __m512i zv = _mm512_set1_epi32(z), top = _mm512_set1_epi32(255);
+    for (long k = 0; k < K; k += 16) {
+        const __m512 v = widen(_mm256_loadu_si256((const __m256i *)(x + k)));
+        __m512i t = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), zv); /* to nearest even */
+        t = _mm512_min_epi32(_mm512_max_epi32(t, _mm512_setzero_si512()), top);
+        _mm_storeu_si128((__m128i *)(q + k), _mm512_cvtepi32_epi8(t));
+    }
+    *scale = s;
+    *zero = z;
+}
+
+/* A 32 x 32 block of integer sums ``c`` (int32, 32 apart) into float32 in place: rows [0, rows). */
+static void dequantise_block(float *c, long rows, const float *x_scale, const int32_t *x_zero,
+                             const float *w_scale, const int32_t *w_sum)
+{
+    for (long r = 0; r < rows; r++)
+        for (int j = 0; j < 32; j += 16) {
+            const __m512i sums = _mm512_load_si512((const void *)(c + r * 32 + j));
+            const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(x_zero[r]), _mm512_loadu_si512(w_sum + j));
+            const __m512 total = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, zero_sums));
+            const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x_scale[r]), _mm512_loadu_ps(w_scale + j));
+            _mm512_store_ps(c + r * 32 + j, _mm512_mul_ps(scale, total));
+        }
+}
+#endif
+
+/* Whether this build and this process can run wkv_encoder_linear_int8. */
+int wkv_encoder_linear_int8_available(void)
+{
+#ifdef WKV_AMX_INT8_LINEAR
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* wkv_encoder_linear_bf16's product with int8 weights: packed as [N / 16][K / 64][16 groups of 4 k][16 n][4]
+ * (cpu/int8_tiles.py), w_scale[n] and w_sum[n] (the row's int8 sum) beside them; K a multiple of 64, N of
+ * 32; x's rows quantised as above. Returns 1, 0 where this build or process has no AMX int8 (``out``
+ * untouched), -1 out of memory. */
+int wkv_encoder_linear_int8(const uint16_t *x, long M, long K, long x_stride, const int8_t *packed,
+                            const float *w_scale, const int32_t *w_sum, long N, const float *bias, int epilogue,
+                            const uint16_t *residual, long res_stride, uint16_t *out, long out_stride)
+{
+#ifdef WKV_AMX_INT8_LINEAR
+    if (!amx_permitted() || M < 1 || N % 32 || K % 64) return 0;
+    const long steps = K / 64, blocks = (M + 31) / 32;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *blocks_c = aligned_alloc(64, 2 * 32 * 32 * 4); /* two blocks' sums, then their values */
+        uint8_t *a = aligned_alloc(64, (size_t)32 * K);
+        float x_scale[32];
+        int32_t x_zero[32];
+        if (!blocks_c || !a) failed = 1;
+        else amx_configure();
+#pragma omp for schedule(dynamic)
+        for (long block = 0; block < blocks; block++) {
+            if (failed) continue;
+            const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
+            for (long r = 0; r < rows; r++) quantise_row(x + (m0 + r) * x_stride, K, a + r * K, x_scale + r, x_zero + r);
+            if (rows < 32) memset(a + rows * K, 0, (size_t)((32 - rows) * K)); /* a tile reads 16 whole rows */
+            for (long n0 = 0; n0 <= N; n0 += 32) {
+                float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
+                if (n0 < N) { /* issued before the previous block is finished: see wkv_encoder_linear_bf16 */
+                    const int8_t *b0 = packed + (n0 / 16) * steps * TILE_BYTES, *b1 = b0 + steps * TILE_BYTES;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    for (long s = 0; s < steps; s++) {
+                        _tile_loadd(4, a + s * 64, K);
+                        _tile_loadd(5, a + 16 * K + s * 64, K);
+                        _tile_loadd(6, b0 + s * TILE_BYTES, 64);
+                        _tile_loadd(7, b1 + s * TILE_BYTES, 64);
+                        _tile_dpbusd(0, 4, 6);
+                        _tile_dpbusd(1, 4, 7);
+                        _tile_dpbusd(2, 5, 6);
+                        _tile_dpbusd(3, 5, 7);
+                    }
+                }
+                if (n0 > 0) {
+                    const long p0 = n0 - 32;
+                    float *done = blocks_c + (p0 / 32 % 2) * 32 * 32;
+                    dequantise_block(done, rows, x_scale, x_zero, w_scale + p0, w_sum + p0);
+                    finish_block(done, rows, bias + p0, epilogue, residual ? residual + m0 * res_stride + p0 : NULL,
+                                 res_stride, out + m0 * out_stride + p0, out_stride);
+                }
+                if (n0 < N) {
+                    _tile_stored(0, c, 32 * 4);
+                    _tile_stored(1, c + 16, 32 * 4);
+                    _tile_stored(2, c + 16 * 32, 32 * 4);
+                    _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+                }
+            }
+        }
+        if (!failed) _tile_release();
+        free(blocks_c);
+        free(a);
+    }
+    return failed ? -1 : 1;
+#else
+    (void)x, (void)M, (void)K, (void)x_stride, (void)packed, (void)w_scale, (void)w_sum, (void)N, (void)bias;
+    (void)epilogue, (void)residual, (void)res_stride, (void)out, (void)out_stride;
     return 0;
 #endif
 }
