@@ -167,7 +167,7 @@ def test_int8_model_layout(int8_model):
         assert isinstance(block.attn.qkv, Int8Linear)
         assert isinstance(block.mlp[0], Int8Linear) and isinstance(block.cross_attn.out, Int8Linear)
     assert "+int8" in int8_model.weights_digest
-    choice = encoder_choice(load_rows_kernel())  # tiny.en's widths fit every encoder
+    choice = encoder_choice(load_rows_kernel(), int8_model.dims.n_audio_state)
     if choice in ("bfloat16", "int8 tiles"):
         assert int8_model.encoder_dtype == torch.bfloat16
         assert isinstance(int8_model.encoder.blocks[0].mlp[0], Int8TileLinear) == (choice == "int8 tiles")

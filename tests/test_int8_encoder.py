@@ -53,7 +53,11 @@ def test_without_amx_the_int8_type_takes_the_rows_encoder(monkeypatch):
     monkeypatch.setattr("whisperkv.cpu.quantize.int8_tiles_available", lambda: False)
     assert encoder_choice(kernel) == "bfloat16"  # AMX's bfloat16 tiles (tests/test_tiled_linear.py)
     monkeypatch.setattr("whisperkv.cpu.quantize.int8_tiles_available", lambda: True)
-    assert encoder_choice(kernel) == "int8 tiles"  # AMX-INT8 too (tests/test_int8_tiles.py)
+    # AMX-INT8 too (tests/test_int8_tiles.py): small's width and up; tiny.en's and base's gain too little
+    assert [encoder_choice(kernel, width) for width in (384, 512, 768, 1280)] == ["bfloat16"] * 2 + [
+        "int8 tiles"
+    ] * 2
+    assert encoder_choice(kernel, 800) == "bfloat16"  # wide, but not whole steps of 64 inputs
 
 
 def test_the_rows_encoder_is_planned_and_named(rows_model):

@@ -124,21 +124,21 @@ def use_attention_kernels(
     """A model's own attention (``on``) or PyTorch's SDPA everywhere (``on=False``).
 
     Decoder steps attend through the C kernel where it builds, for every CPU compute type: float32
-    (``load_model`` turns it on), int8 and bfloat16 (``cpu/bfloat16.py``: everything said of the int8
-    type below holds for it, its linears being ``cpu/bf16_step.py``'s, its encoder's attention without
-    AMX ``cpu/dot_attention.py``'s). The int8 type also holds its Self-KV and Cross-KV in bfloat16
-    (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the
-    bytes is most of its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a
-    call, so without the kernel they stay float32), and runs a bfloat16 encoder head by head
-    (``attention.HeadByHeadAttention``) where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was
-    faster: 62-73 against 85-117 ms a window, round 15; ``head_by_head`` True or False chooses). With
-    AMX it runs in the kernels' bfloat16 tiles (``cpu/tiled_attention.py``, round 18) unless ``tiles``
-    is False (then SDPA, its twin), and so do its linears with their bias, GELU and residual add
-    (``cpu/tiled_linear.py``, round 19) unless ``linears`` or ``tiles`` is False (then PyTorch's, their
-    twin); where the encoder's linears are int8 (AMX-INT8: ``cpu/int8_tiles.py``), in the int8 tiles the
-    same way (their twin ``Int8TileLinear.forward``). Without native bfloat16 the int8 type's encoder is float32 between fbgemm's int8 linears: it
-    attends in 16-bit integers through AVX2 (``cpu/int16_attention.py``) unless ``tiles`` is False (then
-    SDPA, its twin). The float32 encoder keeps SDPA and PyTorch's linears.
+    (``load_model`` turns it on), int8 and bfloat16 (``cpu/bfloat16.py``: everything said of the int8 type
+    below holds for it, its linears being ``cpu/bf16_step.py``'s, its encoder's attention without AMX
+    ``cpu/dot_attention.py``'s). The int8 type also holds its Self-KV and Cross-KV in bfloat16
+    (``bfloat16_caches``, round 7: a step reads every cached key and value once, so half the bytes is most of
+    its attention's time; SDPA was slower over bfloat16 caches, 294 against 110 us a call, so without the
+    kernel they stay float32), and runs a bfloat16 encoder head by head (``attention.HeadByHeadAttention``)
+    where the CPU lacks AMX (with AMX, SDPA's bfloat16 path was faster: 62-73 against 85-117 ms a window,
+    round 15; ``head_by_head`` True or False chooses). With AMX it runs in the kernels' bfloat16 tiles
+    (``cpu/tiled_attention.py``, round 18) unless ``tiles`` is False (then SDPA, its twin), and so do its
+    linears with their bias, GELU and residual add (``cpu/tiled_linear.py``, round 19) unless ``linears`` or
+    ``tiles`` is False (then PyTorch's, their twin); where the encoder's linears are int8 (AMX-INT8:
+    ``cpu/int8_tiles.py``), in the int8 tiles the same way (their twin ``Int8TileLinear.forward``). Without
+    native bfloat16 the int8 type's encoder is float32 between fbgemm's int8 linears: it attends in 16-bit
+    integers through AVX2 (``cpu/int16_attention.py``) unless ``tiles`` is False (then SDPA, its twin). The
+    float32 encoder keeps SDPA and PyTorch's linears.
 
     The kernel's sums run in another order than SDPA's (outputs 2-5e-7 apart), as the row GEMMs' do
     (``cpu/row_gemm.py``): float32 transcripts stay the reference's token for token (the parity tests,

@@ -11,13 +11,13 @@ An approximation, unlike the float32 paths: its token agreement and WER against 
   vocabulary projection of tiny.en drops from 80 MB to 20 MB per token. Not the Cross-KV's key and
   value projections where the encoder is bfloat16: they run once per window over 1,500 positions
   (compute-bound, like the encoder), in bfloat16 too.
-* the encoder is compute-bound (1,500 positions per window). With AMX for int8 its linears are int8 in
-  AMX's int8 tiles, bfloat16 between them (``cpu/int8_tiles.py``: at large-v3-turbo's width 1.39 s a
-  window against 1.94 in bfloat16 tiles, and half the weight bytes); with AMX for bfloat16 alone it
-  runs in bfloat16 tiles (faster and closer to float32 than int8 through VNNI there); with AVX512-VNNI
-  but no AMX its linears are int8 through the rows kernel, which makes twice the products of
-  AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere
-  bfloat16 where the CPU has AVX512-BF16, else int8 through fbgemm (``encoder_choice``).
+* the encoder is compute-bound (1,500 positions per window). With AMX for int8 a wide encoder's (small's
+  and up) linears are int8 in AMX's int8 tiles, bfloat16 between them (``cpu/int8_tiles.py``: at
+  large-v3-turbo's width 1.35 s a window against 1.91 in bfloat16 tiles, and half the weight bytes);
+  narrower ones, and with AMX for bfloat16 alone, run in bfloat16 tiles (closer to float32 than int8);
+  with AVX512-VNNI but no AMX its linears are int8 through the rows kernel, which makes twice the
+  products of AVX512-BF16 (``cpu/int8_encoder.py``); elsewhere bfloat16 where the CPU has AVX512-BF16,
+  else int8 through fbgemm (``encoder_choice``).
 * the token embedding (the same 51,864 x d table as the vocabulary projection) is looked up from int8
   rows with their scales (``Int8Embedding``): the float32 table (80 MB for tiny.en) is not kept, and
   where the rows kernel holds the vocabulary's rows the embedding reads them there (one int8 table).
@@ -40,7 +40,7 @@ from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16, cpu_has_avx512_vnni
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
-from whisperkv.cpu.int8_tiles import Int8TileLinear, int8_tiles_available, quantize_block
+from whisperkv.cpu.int8_tiles import int8_tiles_available, quantize_block
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
 from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.model.attention import MultiHeadAttention
@@ -79,25 +79,30 @@ def _replace_linears(
                 setattr(parent, name, Int8Linear.from_linear(child, kernel))
 
 
-def _fits_int8_tiles(model: Whisper) -> bool:
-    """Whether the int8 tiles' steps (64 inputs) and blocks (32 outputs) divide the encoder's linears
-    (every Whisper size's do; a test's made-up widths may not)."""
-    block = model.encoder.blocks[0] if len(model.encoder.blocks) else None
-    layers = () if block is None else (block.attn.query, block.attn.out, block.mlp[0], block.mlp[2])
-    return bool(layers) and all(Int8TileLinear.takes(layer) for layer in layers)
+#: the narrowest encoder the int8 type runs in the int8 tiles by default (small's). Narrower ones keep the
+#: bfloat16 tiles, nearer float32 (tiny.en's encoder output 2.5x nearer), where int8 gained little:
+#: 47-50 against 52 ms a window for tiny.en, 104-111 against 116-118 for base; small 240-251 against
+#: 305-323, large-v3-turbo 1.35 against 1.91 s (2-core AMX Xeon, session 64)
+INT8_TILES_MIN_WIDTH = 768
 
 
-def encoder_choice(kernel: Int8RowsKernel | None, model: Whisper | None = None) -> str:
-    """The int8 type's encoder on this CPU (for ``model``'s widths): ``int8 tiles`` with AMX for int8 and
-    bfloat16 (int8 linears in AMX's int8 tiles, bfloat16 between them: ``cpu/int8_tiles.py``), else
-    ``bfloat16`` in AMX's bfloat16 tiles; else ``int8 rows``, its linears
-    through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions quantised on its
-    own, as a decoder step's rows are) where that builds with VNNI; else ``bfloat16`` where the CPU
-    multiplies it natively (AVX512-BF16); else ``int8`` (fbgemm). On AVX2 alone the rows kernel's 16-bit
-    products, each weight block widened once (e446146), reached 235 and 266 GFLOP/s at turbo's width
-    against fbgemm's 273 and 300, at half fbgemm's distance to the exact product, and two turbo encoder
-    layers took 875 ms against fbgemm's 742 (2-core AMD EPYC Zen 3, ``benchmarks/encoder_int8.py`` at
-    9d3fd70; 343 ms a tiny.en window against fbgemm's 210 before): fbgemm's speed keeps it there.
+def fits_int8_tiles(width: int) -> bool:
+    """Whether the int8 tiles' steps (64 inputs) and blocks (32 outputs) divide an encoder of this
+    width's linears ([3d, d], [d, d], [4d, d], [d, 4d]: every Whisper size's do)."""
+    return width % 64 == 0
+
+
+def encoder_choice(kernel: Int8RowsKernel | None, width: int | None = None) -> str:
+    """The int8 type's encoder on this CPU for an encoder of ``width`` (None: the widest's choice): ``int8
+    tiles`` with AMX for int8 and bfloat16 from ``INT8_TILES_MIN_WIDTH`` (int8 linears in AMX's int8 tiles,
+    bfloat16 between them: ``cpu/int8_tiles.py``), else ``bfloat16`` in AMX's bfloat16 tiles; else ``int8
+    rows``, its linears through the rows kernel (AVX512-VNNI's int8 products, each of a window's positions
+    quantised on its own, as a decoder step's rows are) where that builds with VNNI; else ``bfloat16`` where
+    the CPU multiplies it natively (AVX512-BF16); else ``int8`` (fbgemm). On AVX2 alone the rows kernel's
+    16-bit products, each weight block widened once (e446146), reached 235 and 266 GFLOP/s at turbo's width
+    against fbgemm's 273 and 300, at half fbgemm's distance to the exact product, and two turbo encoder layers
+    took 875 ms against fbgemm's 742 (2-core AMD EPYC Zen 3, ``benchmarks/encoder_int8.py`` at 9d3fd70; 343 ms
+    a tiny.en window against fbgemm's 210 before): fbgemm's speed keeps it there.
 
     Why int8 before bfloat16 without AMX: AVX512-VNNI does twice the products of AVX512-BF16 an
     instruction. At large-v3-turbo's width (1,500 positions, 1280 -> 5120 and 5120 -> 1280) the rows
@@ -107,7 +112,8 @@ def encoder_choice(kernel: Int8RowsKernel | None, model: Whisper | None = None) 
     if cpu_has_amx_bf16() and cpu_has_fast_bfloat16():
         return (
             "int8 tiles"
-            if int8_tiles_available() and (model is None or _fits_int8_tiles(model))
+            if int8_tiles_available()
+            and (width is None or (width >= INT8_TILES_MIN_WIDTH and fits_int8_tiles(width)))
             else "bfloat16"
         )
     if kernel is not None and cpu_has_avx512_vnni():
@@ -143,9 +149,9 @@ def quantize_int8(
     kernel = load_rows_kernel() if rows_kernel else None
     if encoder is None and encoder_bfloat16 is not None:
         encoder = "bfloat16" if encoder_bfloat16 else "int8"
-    encoder = encoder or encoder_choice(kernel, model)
+    encoder = encoder or encoder_choice(kernel, model.dims.n_audio_state)
     unavailable = (encoder == "int8 rows" and kernel is None) or (
-        encoder == "int8 tiles" and not (int8_tiles_available() and _fits_int8_tiles(model))
+        encoder == "int8 tiles" and not (int8_tiles_available() and fits_int8_tiles(model.dims.n_audio_state))
     )
     if encoder not in ENCODERS or unavailable:
         raise ValueError(
