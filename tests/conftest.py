@@ -81,6 +81,21 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def assert_rows_are_their_own(run, x: torch.Tensor) -> None:  # noqa: ANN001 - a linear of the tiles
+    """``run`` (x [..., 384] -> [..., n]) over three 1,500-row windows gives each window what it gives it
+    alone, the same with one thread or two, and reads rows in place (768 apart) with the same numbers:
+    what the encoder's tile kernels owe a window batched with others (``cpu/tiled_linear.py``)."""
+    with torch_threads(2):
+        together = run(x.view(3, 1500, 384))
+    assert together.shape[:2] == (3, 1500)
+    for w in range(3):
+        assert torch.equal(run(x[w * 1500 : (w + 1) * 1500]), together[w])
+    with torch_threads(1):
+        assert torch.equal(run(x.view(3, 1500, 384)), together)
+    strided = torch.cat([x, x], dim=1)[:, :384]  # rows 768 apart: read in place
+    assert torch.equal(run(strided), together.view(3 * 1500, -1))
+
+
 def encoder_qkv(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries [B, T, d] and keys/values [B, H, T, 64]: views of one fused projection [B, T, 3d], as the
     encoder's self-attention hands them to its kernels (the tile, dot and 16-bit ones' tests)."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import SPEECH_DIR, int8_words, torch_threads
+from tests.conftest import SPEECH_DIR, assert_rows_are_their_own, int8_words
 from whisperkv.cpu import quantize
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.int8_tiles import EncoderBlockInt8Tiles, Int8TileLinear, int8_tiles_available
@@ -75,14 +75,7 @@ def test_the_product_is_close_to_float32s(tiles):
 
 def test_a_rows_numbers_are_its_own_with_one_thread_or_two(tiles):
     layer, x, _ = _layer(3 * 1500, 384, 1536, seed=3)
-    with torch_threads(2):
-        together = tiles(x.view(3, 1500, 384), layer, GELU)
-    for w in range(3):
-        assert torch.equal(tiles(x[w * 1500 : (w + 1) * 1500], layer, GELU), together[w])
-    with torch_threads(1):
-        assert torch.equal(tiles(x.view(3, 1500, 384), layer, GELU), together)
-    strided = torch.cat([x, x], dim=1)[:, :384]  # rows 768 apart: read in place
-    assert torch.equal(tiles(strided, layer, GELU), together.view(-1, 1536))
+    assert_rows_are_their_own(lambda rows: tiles(rows, layer, GELU), x)
 
 
 def test_the_layer_holds_its_weights_as_int8_once(tiles):

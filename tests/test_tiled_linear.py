@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import SPEECH_DIR, int8_words, torch_threads
+from tests.conftest import SPEECH_DIR, assert_rows_are_their_own, int8_words
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_linear import (
@@ -95,15 +95,7 @@ def test_gelus_differences_lie_in_its_cancelling_tail_and_are_nearer_the_exact_v
 def test_a_rows_numbers_are_its_own_with_one_thread_or_two(tiles):
     x, weight, bias, residual = _layer(3 * 1500, 384, 1536, seed=3)
     packed = PackedLinear.of(weight, bias)
-    with torch_threads(2):
-        together = tiles(x.view(3, 1500, 384), packed, GELU)
-    assert together.shape == (3, 1500, 1536)
-    for w in range(3):
-        assert torch.equal(tiles(x[w * 1500 : (w + 1) * 1500], packed, GELU), together[w])
-    with torch_threads(1):
-        assert torch.equal(tiles(x.view(3, 1500, 384), packed, GELU), together)
-    strided = torch.cat([x, x], dim=1)[:, :384]  # rows 768 apart: read in place
-    assert torch.equal(tiles(strided, packed, GELU), together.view(-1, 1536))
+    assert_rows_are_their_own(lambda rows: tiles(rows, packed, GELU), x)
 
 
 def test_it_takes_only_what_it_computes(tiles):

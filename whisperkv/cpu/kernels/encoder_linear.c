@@ -64,6 +64,75 @@ static void finish_block(const float *c, long rows, const float *bias, int epilo
             _mm256_storeu_si256((__m256i *)(out + r * out_stride + j), y);
         }
 }
+
+/* What turns an int8 block's sums into values (wkv_encoder_linear_int8); NULL for bfloat16. */
+struct dequantise {
+    const float *x_scale, *w_scale;
+    const int32_t *x_zero, *w_sum;
+};
+#ifdef WKV_AMX_INT8_LINEAR
+static void dequantise_block(float *c, long rows, const struct dequantise *d, long n0);
+#endif
+
+/* Every output column of one block of ``rows`` <= 32 input rows (``a``, 32 rows ``lda`` bytes apart, each
+ * step of 64 bytes a tile's width), 32 columns at a time from the packed weights (1 KB a tile a step):
+ * four float32 (bfloat16, ``int8`` 0) or int32 (``int8`` 1) tiles of products, two rows of tiles by two
+ * columns. Each 32 x 32 block's products are issued before the previous block is finished, so the tile
+ * unit multiplies while the vector unit finishes (the two run side by side). ``blocks_c``: two blocks'
+ * products (64-byte aligned). ``int8`` a constant where it is called: one copy of the loop for each. */
+static inline __attribute__((always_inline)) void row_block(const int int8, const uint8_t *a, long lda,
+                                                            const uint8_t *packed, long steps, long N, long rows,
+                                                            float *blocks_c, const struct dequantise *dq,
+                                                            const float *bias, int epilogue,
+                                                            const uint16_t *residual, long res_stride,
+                                                            uint16_t *out, long out_stride)
+{
+    (void)int8, (void)dq; /* used only where the int8 tiles are built */
+    for (long n0 = 0; n0 <= N; n0 += 32) {
+        float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
+        if (n0 < N) {
+            const uint8_t *b0 = packed + (n0 / 16) * steps * TILE_BYTES, *b1 = b0 + steps * TILE_BYTES;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (long s = 0; s < steps; s++) {
+                _tile_loadd(4, a + s * 64, lda);
+                _tile_loadd(5, a + 16 * lda + s * 64, lda);
+                _tile_loadd(6, b0 + s * TILE_BYTES, 64);
+                _tile_loadd(7, b1 + s * TILE_BYTES, 64);
+#ifdef WKV_AMX_INT8_LINEAR
+                if (int8) {
+                    _tile_dpbusd(0, 4, 6);
+                    _tile_dpbusd(1, 4, 7);
+                    _tile_dpbusd(2, 5, 6);
+                    _tile_dpbusd(3, 5, 7);
+                    continue;
+                }
+#endif
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        if (n0 > 0) {
+            const long p0 = n0 - 32;
+            float *done = blocks_c + (p0 / 32 % 2) * 32 * 32;
+#ifdef WKV_AMX_INT8_LINEAR
+            if (int8) dequantise_block(done, rows, dq, p0);
+#endif
+            finish_block(done, rows, bias + p0, epilogue, residual ? residual + p0 : NULL, res_stride, out + p0,
+                         out_stride);
+        }
+        if (n0 < N) {
+            _tile_stored(0, c, 32 * 4); /* tile numbers are constants: no loop */
+            _tile_stored(1, c + 16, 32 * 4);
+            _tile_stored(2, c + 16 * 32, 32 * 4);
+            _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+        }
+    }
+}
 #endif
 
 /* Whether this build and this process can run wkv_encoder_linear_bf16. */
@@ -92,7 +161,7 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *blocks_c = aligned_alloc(64, 2 * 32 * 32 * 4); /* two blocks' products: see below */
+        float *blocks_c = aligned_alloc(64, 2 * 32 * 32 * 4); /* two blocks' products: see row_block */
         uint16_t *tail = aligned_alloc(64, (size_t)32 * K * 2);
         if (!blocks_c || !tail) failed = 1;
         else amx_configure();
@@ -109,40 +178,9 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
                 a = tail;
                 lda = K;
             }
-            /* each 32 x 32 block's products are issued before the previous block is finished, so the
-             * tile unit multiplies while the vector unit finishes (the two run side by side) */
-            for (long n0 = 0; n0 <= N; n0 += 32) {
-                float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
-                if (n0 < N) {
-                    const uint16_t *b0 = packed + (n0 / 16) * steps * TILE, *b1 = b0 + steps * TILE;
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                    for (long s = 0; s < steps; s++) {
-                        _tile_loadd(4, a + s * 32, lda * 2);
-                        _tile_loadd(5, a + 16 * lda + s * 32, lda * 2);
-                        _tile_loadd(6, b0 + s * TILE, 64);
-                        _tile_loadd(7, b1 + s * TILE, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 4, 7);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
-                    }
-                }
-                if (n0 > 0) {
-                    const long p0 = n0 - 32;
-                    finish_block(blocks_c + (p0 / 32 % 2) * 32 * 32, rows, bias + p0, epilogue,
-                                 residual ? residual + m0 * res_stride + p0 : NULL, res_stride,
-                                 out + m0 * out_stride + p0, out_stride);
-                }
-                if (n0 < N) {
-                    _tile_stored(0, c, 32 * 4); /* tile numbers are constants: no loop */
-                    _tile_stored(1, c + 16, 32 * 4);
-                    _tile_stored(2, c + 16 * 32, 32 * 4);
-                    _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
-                }
-            }
+            row_block(0, (const uint8_t *)a, lda * 2, (const uint8_t *)packed, steps, N, rows, blocks_c, NULL, bias,
+                      epilogue, residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride,
+                      out_stride);
         }
         if (!failed) _tile_release();
         free(blocks_c);
@@ -191,16 +229,17 @@ static void quantise_row(const uint16_t *x, long K, uint8_t *q, float *scale, in
     *zero = z;
 }
 
-/* A 32 x 32 block of integer sums ``c`` (int32, 32 apart) into float32 in place: rows [0, rows). */
-static void dequantise_block(float *c, long rows, const float *x_scale, const int32_t *x_zero,
-                             const float *w_scale, const int32_t *w_sum)
+/* A 32 x 32 block of integer sums ``c`` (int32, 32 apart) of output columns [n0, n0 + 32) into float32 in
+ * place: rows [0, rows). */
+static void dequantise_block(float *c, long rows, const struct dequantise *d, long n0)
 {
     for (long r = 0; r < rows; r++)
         for (int j = 0; j < 32; j += 16) {
             const __m512i sums = _mm512_load_si512((const void *)(c + r * 32 + j));
-            const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(x_zero[r]), _mm512_loadu_si512(w_sum + j));
+            const __m512i w_sum = _mm512_loadu_si512(d->w_sum + n0 + j);
+            const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(d->x_zero[r]), w_sum);
             const __m512 total = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, zero_sums));
-            const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x_scale[r]), _mm512_loadu_ps(w_scale + j));
+            const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(d->x_scale[r]), _mm512_loadu_ps(d->w_scale + n0 + j));
             _mm512_store_ps(c + r * 32 + j, _mm512_mul_ps(scale, total));
         }
 }
@@ -242,39 +281,9 @@ int wkv_encoder_linear_int8(const uint16_t *x, long M, long K, long x_stride, co
             const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
             for (long r = 0; r < rows; r++) quantise_row(x + (m0 + r) * x_stride, K, a + r * K, x_scale + r, x_zero + r);
             if (rows < 32) memset(a + rows * K, 0, (size_t)((32 - rows) * K)); /* a tile reads 16 whole rows */
-            for (long n0 = 0; n0 <= N; n0 += 32) {
-                float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
-                if (n0 < N) { /* issued before the previous block is finished: see wkv_encoder_linear_bf16 */
-                    const int8_t *b0 = packed + (n0 / 16) * steps * TILE_BYTES, *b1 = b0 + steps * TILE_BYTES;
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                    for (long s = 0; s < steps; s++) {
-                        _tile_loadd(4, a + s * 64, K);
-                        _tile_loadd(5, a + 16 * K + s * 64, K);
-                        _tile_loadd(6, b0 + s * TILE_BYTES, 64);
-                        _tile_loadd(7, b1 + s * TILE_BYTES, 64);
-                        _tile_dpbusd(0, 4, 6);
-                        _tile_dpbusd(1, 4, 7);
-                        _tile_dpbusd(2, 5, 6);
-                        _tile_dpbusd(3, 5, 7);
-                    }
-                }
-                if (n0 > 0) {
-                    const long p0 = n0 - 32;
-                    float *done = blocks_c + (p0 / 32 % 2) * 32 * 32;
-                    dequantise_block(done, rows, x_scale, x_zero, w_scale + p0, w_sum + p0);
-                    finish_block(done, rows, bias + p0, epilogue, residual ? residual + m0 * res_stride + p0 : NULL,
-                                 res_stride, out + m0 * out_stride + p0, out_stride);
-                }
-                if (n0 < N) {
-                    _tile_stored(0, c, 32 * 4);
-                    _tile_stored(1, c + 16, 32 * 4);
-                    _tile_stored(2, c + 16 * 32, 32 * 4);
-                    _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
-                }
-            }
+            const struct dequantise dq = {x_scale, w_scale, x_zero, w_sum};
+            row_block(1, a, K, (const uint8_t *)packed, steps, N, rows, blocks_c, &dq, bias, epilogue,
+                      residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride, out_stride);
         }
         if (!failed) _tile_release();
         free(blocks_c);
