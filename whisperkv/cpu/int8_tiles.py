@@ -69,8 +69,8 @@ class Int8TileLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         """The kernel's twin: each row quantised on its own, its integer products exact (float64), then
-        both scales and the bias in float32, rounded to bfloat16. ``sizes`` is ignored: a row's numbers
-        are its own."""
+        both scales and the bias in float32, rounded to bfloat16: slow (float64 products), a reference
+        for the tests, not a fallback. ``sizes`` is ignored: a row's numbers are its own."""
         rows = x.reshape(-1, self.in_features).float()
         low, high = rows.amin(dim=1).clamp(max=0), rows.amax(dim=1).clamp(min=0)
         scale = torch.where(high > low, (high - low) / 255, torch.ones_like(high))

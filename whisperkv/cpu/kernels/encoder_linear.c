@@ -28,7 +28,6 @@
 #define WKV_AMX_INT8_LINEAR 1
 #endif
 
-#define TILE 512 /* bfloat16 elements in one 16 x 64-byte tile */
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 
 enum { EPILOGUE_BIAS = 0, EPILOGUE_GELU = 1, EPILOGUE_RESIDUAL = 2, EPILOGUE_GELU_RESIDUAL = 3 };
