@@ -121,8 +121,8 @@ def test_the_float16_checkpoint_is_kept_until_its_block_is_quantised(float16_pt)
 
 @pytest.mark.parametrize("encoder", ["bfloat16", "int8", "int8 tiles"])
 def test_every_int8_encoder_gives_the_same_model_from_float16(encoder, float16_pt):
-    """The encoders this CPU may not pick (AMX-INT8 machines take the int8 tiles', others bfloat16 or
-    fbgemm's int8)."""
+    """Every encoder the int8 type has, whichever this CPU picks for tiny.en (bfloat16 with AMX, the int8
+    tiles' from small's width up with AMX-INT8, fbgemm's int8 or the rows kernel's elsewhere)."""
     if encoder == "int8 tiles" and not int8_tiles_available():
         pytest.skip("no AMX int8 tiles here")
     held = model_from_checkpoint(load_checkpoint(float16_pt, widen=False), dtype=None)
@@ -162,8 +162,8 @@ def test_the_int8_model_holds_no_second_copy_of_query_key_value():
     from whisperkv.cpu.int8_linear import Int8FusedPart
 
     model = whisperkv.load_model("tiny.en", compute_type="int8")
-    # with AMX-INT8 the encoder's query|key|value is one int8 tiles layer, its thirds the three layers;
-    # with AMX for bfloat16 alone the encoder is bfloat16 in the tiles (``quantize.py``): no int8 layer
+    # an int8 tiles encoder's query|key|value is one int8 layer, its thirds the three layers; with AMX
+    # tiny.en's encoder is bfloat16 in the tiles (``quantize.py``): no int8 layer in it
     int8_encoder = model.encoder_dtype != torch.bfloat16 or "encoder int8 tiles" in model.weights_digest
     for block in [*(model.encoder.blocks if int8_encoder else []), *model.decoder.blocks]:
         attn = block.attn
