@@ -15,7 +15,12 @@ import torch.nn.functional as F
 from tests.conftest import SPEECH_DIR, assert_rows_are_their_own, int8_words
 from whisperkv.cpu import quantize
 from whisperkv.cpu.attend import load_kernel
-from whisperkv.cpu.int8_tiles import EncoderBlockInt8Tiles, Int8TileLinear, int8_tiles_available
+from whisperkv.cpu.int8_tiles import (
+    EncoderBlockInt8Tiles,
+    Int8TileLinear,
+    fits_int8_tiles,
+    int8_tiles_available,
+)
 from whisperkv.cpu.plan import use_attention_kernels
 from whisperkv.cpu.tiled_linear import BIAS, GELU, GELU_RESIDUAL, RESIDUAL, TiledEncoderLinear
 
@@ -86,8 +91,7 @@ def test_the_layer_holds_its_weights_as_int8_once(tiles):
     want = torch.round(weight / (weight.abs().amax(dim=1, keepdim=True) / 127)).clamp(-127, 127)
     assert (layer.weights().float() - want).abs().max() <= 1  # float16's rounding moves a few by one
     assert torch.equal(layer.row_sums, layer.weights().sum(dim=1, dtype=torch.int32))
-    assert not Int8TileLinear.takes(torch.nn.Linear(96, 64))  # 96 inputs: not whole steps of 64
-    assert Int8TileLinear.takes(torch.nn.Linear(128, 64)) and not Int8TileLinear.takes(layer)
+    assert not fits_int8_tiles(96) and fits_int8_tiles(128)  # 96 inputs: not whole steps of 64
 
 
 @pytest.fixture(scope="module")

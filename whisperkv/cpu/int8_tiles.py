@@ -34,7 +34,7 @@ from whisperkv.cpu.tiled_linear import TiledEncoderLinear
 if TYPE_CHECKING:
     from whisperkv.model.encoder import EncoderBlock
 
-K_BLOCK, N_BLOCK = 64, 32  # the kernel's steps over the input width and its output blocks
+K_BLOCK = 64  # the kernel's steps over the input width (its output blocks are 32 wide)
 
 
 class Int8TileLinear(nn.Module):
@@ -50,14 +50,6 @@ class Int8TileLinear(nn.Module):
         self.row_sums = row_sums(qweight)
         self.bias = torch.zeros(n) if bias is None else bias.detach().float().contiguous()
         self.packed = qweight.reshape(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
-
-    @staticmethod
-    def takes(linear: nn.Module) -> bool:
-        """A linear whose shapes the kernel's steps (64 inputs) and blocks (32 outputs) divide."""
-        if not isinstance(linear, nn.Linear):
-            return False
-        n, k = linear.weight.shape
-        return n % N_BLOCK == 0 and k % K_BLOCK == 0
 
     @property
     def nbytes(self) -> int:
@@ -113,6 +105,13 @@ class EncoderBlockInt8Tiles:
     def forward(self, block: EncoderBlock, x: torch.Tensor) -> torch.Tensor:
         attn, (fc1, _, fc2) = block.attn, block.mlp
         return self.linear.block(block, x, attn.qkv, attn.out, fc1, fc2)
+
+
+def fits_int8_tiles(width: int) -> bool:
+    """Whether the kernel's steps (64 inputs) and blocks (32 outputs) divide the linears of an encoder of
+    this width ([3d, d], [d, d], [4d, d], [d, 4d]: every Whisper size's do). Inputs d and 4d in whole
+    steps make every output count (3d, d, 4d) whole blocks too."""
+    return width % K_BLOCK == 0
 
 
 def int8_tiles_available() -> bool:

@@ -40,7 +40,7 @@ from whisperkv.cpu.block_conversion import part_converted, widen_float16
 from whisperkv.cpu.flags import cpu_flags, cpu_has_amx_bf16, cpu_has_avx512_vnni
 from whisperkv.cpu.int8_linear import Int8Embedding, Int8FusedPart, Int8Linear
 from whisperkv.cpu.int8_rows import Int8RowsKernel, load_rows_kernel
-from whisperkv.cpu.int8_tiles import int8_tiles_available, quantize_block
+from whisperkv.cpu.int8_tiles import fits_int8_tiles, int8_tiles_available, quantize_block
 from whisperkv.cpu.plan import ATTENTION_MARK, use_attention_kernels
 from whisperkv.cpu.row_int8 import quantized_rows
 from whisperkv.model.attention import MultiHeadAttention
@@ -84,12 +84,6 @@ def _replace_linears(
 #: 47-50 against 52 ms a window for tiny.en, 104-111 against 116-118 for base; small 240-251 against
 #: 305-323, large-v3-turbo 1.35 against 1.91 s (2-core AMX Xeon, session 64)
 INT8_TILES_MIN_WIDTH = 768
-
-
-def fits_int8_tiles(width: int) -> bool:
-    """Whether the int8 tiles' steps (64 inputs) and blocks (32 outputs) divide an encoder of this
-    width's linears ([3d, d], [d, d], [4d, d], [d, 4d]: every Whisper size's do)."""
-    return width % 64 == 0
 
 
 def encoder_choice(kernel: Int8RowsKernel | None, width: int | None = None) -> str:
