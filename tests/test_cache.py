@@ -95,6 +95,40 @@ def test_beams_share_one_cross_kv_and_reorder_self_kv(tiny_model, jfk):
     assert cache.tokens[:, -1].tolist() == [5, 5, 1, 2, 3]
 
 
+def test_token_history_and_self_kv_peak_survive_dropped_rows_and_truncation(tiny_model, jfk):
+    """The ids the Self-KV holds follow every write, reorder and drop (past its first capacity too), and
+    the Self-KV's peak bytes are the most it ever held, though rows are dropped or a layer truncated."""
+    mel, start, end = _window(tiny_model, jfk, 0, 11)
+    features = tiny_model.embed_audio(mel[None])
+    cross = tiny_model.decoder.project_cross_kv(
+        features, tiny_model.encoder_provenance(mel[None], start, end)
+    )
+
+    def three_rows_written():
+        cache = tiny_model.decoder.new_cache(cross, batch_size=3)
+        tiny_model.decoder(torch.tensor([[50257, 50362]] * 3), cache)
+        tiny_model.decoder(torch.tensor([[7], [8], [9]]), cache)
+        return cache
+
+    cache = three_rows_written()
+    assert cache.tokens.tolist() == [[50257, 50362, 7], [50257, 50362, 8], [50257, 50362, 9]]
+    with pytest.raises(ValueError, match="2 rows of tokens for a cache of 3 rows"):
+        cache.record_tokens(torch.tensor([[1], [2]]))
+    held = cache.self_kv_nbytes
+    assert held == 2 * 3 * 3 * 384 * 4 * 4 and cache.peak_self_kv_nbytes == held
+    cache.keep_rows(torch.tensor([2]), torch.tensor([0]))
+    assert cache.tokens.tolist() == [[50257, 50362, 9]] and cache.batch_size == 1
+    assert cache.self_kv_nbytes == held // 3 and cache.peak_self_kv_nbytes == held
+    past = cache._history.shape[1] + 5
+    cache.record_tokens(torch.arange(past)[None])  # beyond the buffer's first size: it grows
+    assert cache.tokens.tolist() == [[50257, 50362, 9, *range(past)]]
+
+    cache = three_rows_written()
+    for kv in cache.self_kv:
+        kv.truncate(1)
+    assert cache.self_kv_nbytes == held // 3 and cache.peak_self_kv_nbytes == held
+
+
 @pytest.mark.parametrize(
     "beam_size, names",
     [

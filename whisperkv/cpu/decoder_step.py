@@ -83,6 +83,15 @@ class _CachePlan:
         self.self_strides = keys[0].stride()[:3]
         self.cross_rows, self.cross_positions = cross_keys[0].shape[0], cross_keys[0].shape[2]
         self.cross_strides = cross_keys[0].stride()[:3]
+        self._scratch: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None
+
+    def scratch(self, rows: int, d: int, work_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's hidden rows [rows, d] and work [rows * work_width]: written whole by every step and
+        never handed out, so made once for the cache (two ``torch.empty`` a step were ~10-20 us of a
+        tiny.en step in a transcription, run where the step's weights had just gone through the caches)."""
+        if self._scratch is None or self._scratch[0] != (rows, d, work_width):
+            self._scratch = ((rows, d, work_width), torch.empty(rows, d), torch.empty(rows * work_width))
+        return self._scratch[1], self._scratch[2]
 
 
 def _cache_tensors(cache: DecoderCache) -> tuple[torch.Tensor, ...]:
@@ -221,10 +230,9 @@ class DecoderStep:
         held = self._cache_plan(cache, layers, n, decoder.blocks[0].attn.n_head)
         if held is None:
             return None
-        ids = tokens.reshape(n).contiguous()
-        x = torch.empty(n, plan.d)
-        work = torch.empty(n * plan.work_width)
-        logits = torch.empty(n, plan.vocab)
+        ids = tokens if n == 1 else tokens.reshape(n).contiguous()  # one id: wherever its row is
+        x, work = held.scratch(n, plan.d, plan.work_width)
+        logits = torch.empty(n, plan.vocab)  # the caller's: filters edit it in place
         failed = self._step(
             ctypes.byref(plan.struct),
             ids.data_ptr(),

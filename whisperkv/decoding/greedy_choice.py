@@ -168,7 +168,7 @@ class GreedyChoice:
         rules = self.rules
         split = rules.ts if rules is not None else n
         begin = rules.sample_begin if rules is not None else None
-        sampled = tokens[:, begin:].tolist() if rules is not None else None
+        sampled = tokens.numpy()[:, begin:].tolist() if rules is not None else None
         common: list[tuple[int, int]] = []  # after the fixed ranges, already in the buffer
         if self.blank is not None and tokens.shape[1] == self.blank.sample_begin:
             common += self.blank_ranges
@@ -177,13 +177,14 @@ class GreedyChoice:
         chosen = np.zeros(rows, dtype=np.float32)
         next_tokens = np.zeros(rows, dtype=np.int64)
         ranges_at, top_at, first_at, sums_at = self._pointers
+        row_bytes, start = logits.stride(0) * 4, logits.data_ptr()  # float32 rows (checked above)
         for r in range(rows):
             more = common + rules.row_ranges(sampled[r], n) if rules is not None else common
             at = len(self.fixed)
             for lo, hi in more:
                 self._ranges[at] = lo, hi
                 at += 1
-            status = fn(logits[r].data_ptr(), n, split, ranges_at, at, top_at, first_at, sums_at)
+            status = fn(start + r * row_bytes, n, split, ranges_at, at, top_at, first_at, sums_at)
             decided = None
             if status == 0:
                 decided = decide(

@@ -93,12 +93,22 @@ class GreedySearch:
         """The rows' chosen tokens [rows] (int64) and their log-probabilities [rows] (float32) taken: each
         added into ``sum_logprobs`` (contiguous float32, written through NumPy) but a finished row's, which
         keeps emitting end of text. Also the fused greedy step's end (``decoding/greedy_choice.py``)."""
-        finished = tokens[:, -1].numpy() == self.eot
-        sums = sum_logprobs.numpy()
-        sums += chosen * ~finished
-        next_tokens[finished] = self.eot
-        tokens = torch.cat([tokens, torch.from_numpy(next_tokens)[:, None]], dim=-1)
-        return tokens, bool((next_tokens == self.eot).all()), None
+        # NumPy throughout, and plain Python for one row: run between two decoder steps, whose weights
+        # have just gone through the CPU's caches, each torch call here cost ~5-10 us (tiny.en)
+        held, sums = tokens.numpy(), sum_logprobs.numpy()
+        if len(next_tokens) == 1:
+            finished = bool(held[0, -1] == self.eot)
+            sums[0] += chosen[0] * (not finished)  # as the rows' sum below: NaN stays NaN, one rounding
+            if finished:
+                next_tokens[0] = self.eot
+            ended = bool(next_tokens[0] == self.eot)
+        else:
+            finished = held[:, -1] == self.eot
+            sums += chosen * ~finished
+            next_tokens[finished] = self.eot
+            ended = bool((next_tokens == self.eot).all())
+        grown = np.concatenate([held, next_tokens.astype(held.dtype, copy=False)[:, None]], axis=1)
+        return torch.from_numpy(grown), ended, None
 
     def finalize(self, tokens: torch.Tensor, sum_logprobs: torch.Tensor):
         """tokens [n_audio, n_group, T] → candidates per audio (each ending in eot) and their scores."""
