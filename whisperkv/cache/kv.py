@@ -261,7 +261,7 @@ class DecoderCache:
 
     def record_tokens(self, tokens: torch.Tensor) -> None:
         """Append ``tokens`` [batch, n], the ids of the positions just written to the Self-KV."""
-        ids = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
+        ids = (tokens if tokens.is_cpu else tokens.cpu()).numpy()
         batch, n = ids.shape
         if batch != self._history.shape[0]:
             raise ValueError(f"{batch} rows of tokens for a cache of {self._history.shape[0]} rows")

@@ -218,7 +218,7 @@ class DecoderStep:
         would (nothing is changed then)."""
         if tokens.dim() != 2 or tokens.shape[1] != 1 or tokens.dtype != torch.long:
             return None
-        if tokens.device.type != "cpu":
+        if not tokens.is_cpu:
             return None
         plan = self._model_plan(decoder)
         if plan is None:
@@ -256,8 +256,8 @@ class DecoderStep:
             raise ValueError(f"a token id is outside the vocabulary of {plan.vocab}: {ids.tolist()}")
         if failed:  # the checks above keep this from happening
             raise ValueError(f"the decoder step kernel does not take {n} rows (code {failed})")
-        for kv in cache.self_kv:
-            kv.grow(1)
+        for kv in cache.self_kv:  # every layer one shape (``_cache_takes``), ``length`` below its capacity
+            kv.length = length + 1  # (checked above): the position the kernel wrote, counted
         cache.record_tokens(tokens)
         return logits
 

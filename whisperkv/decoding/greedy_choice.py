@@ -156,12 +156,12 @@ class GreedyChoice:
         if (
             fn is None
             or logits.dtype != torch.float32
-            or logits.device.type != "cpu"
+            or not logits.is_cpu
             or logits.stride(-1) != 1
             or logits.requires_grad
             or sum_logprobs.dtype != torch.float32
             or not sum_logprobs.is_contiguous()
-            or tokens.device.type != "cpu"
+            or not tokens.is_cpu
         ):
             return self._twin(tokens, logits, sum_logprobs)
         rows, n = logits.shape

@@ -307,7 +307,8 @@ class Scheduler:
         taken = 0
         for entry, groups in chunk:
             n = sum(tokens.shape[0] for tokens, _ in groups)
-            rows, taken = logits[taken : taken + n], taken + n  # counted even if this window fails
+            # counted even if this window fails; a lone window takes the logits as they are (no slice)
+            rows, taken = logits if len(chunk) == 1 else logits[taken : taken + n], taken + n
             try:
                 entry.rows.advance(rows)
             except Exception as err:  # noqa: BLE001
