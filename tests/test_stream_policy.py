@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import torch_threads
-from whisperkv.stream.agreement import LocalAgreement
+from whisperkv.stream.agreement import CONFIDENT_MARGIN_S, LocalAgreement
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
@@ -55,8 +55,8 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
     off = LocalAgreement()
     assert off.update(sure("the cat sat on", [0.99] * 4), heard_end=2.0) == []  # off by default
     la = LocalAgreement(confident=0.6)
-    # "sat" is unsure, so neither it nor the sure word after it is final yet; "on" ends 0.1 s before
-    # the audio heard (within the margin): it may still be being said (and no word follows it)
+    # "sat" is unsure, so neither it nor the sure word after it is final yet; "on" is the last word heard
+    # (nothing follows it to settle its punctuation)
     committed = la.update(sure("the cat sat on", [0.9, 0.7, 0.4, 0.99]), heard_end=2.0)
     assert [w.text for w in committed] == [" the", " cat"]
     assert [w.text for w in la.previous] == [" sat", " on"]
@@ -69,6 +69,18 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
     # without the audio's end (a caller that does not say) only what two hearings agree on
     committed = la.update(sure("the cat sat on the mat and", [0.99] * 7))
     assert [w.text for w in committed] == [" mat"]
+
+
+def test_a_confident_word_ending_within_the_margin_of_the_audio_heard_waits():
+    """A sure word with a word after it heard is final at its first hearing only if it ends at least
+    ``CONFIDENT_MARGIN_S`` before the audio decoded: nearer the end it may still be being said."""
+    cat_end = words("the cat sat")[1].end  # 0.9 s; "sat" follows it
+    early = LocalAgreement(confident=0.5)
+    got = early.update(sure("the cat sat", [0.9] * 3), heard_end=cat_end + CONFIDENT_MARGIN_S - 0.01)
+    assert [w.text for w in got] == [" the"]
+    in_time = LocalAgreement(confident=0.5)
+    got = in_time.update(sure("the cat sat", [0.9] * 3), heard_end=cat_end + CONFIDENT_MARGIN_S)
+    assert [w.text for w in got] == [" the", " cat"]
 
 
 def test_confident_words_keep_their_probability_and_times_move_forward():

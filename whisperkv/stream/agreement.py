@@ -41,7 +41,7 @@ COUNT_SLACK = 0.4
 #: how many words either side of the count by time a re-hearing of the committed end is looked for
 SEARCH = 2
 #: a word committed at its first hearing ends at least this long before the audio decoded (seconds)
-CONFIDENT_MARGIN_S = 0.2
+CONFIDENT_MARGIN_S = 0.1
 
 
 def word_key(text: str) -> str:
