@@ -119,8 +119,8 @@ def test_token_history_and_self_kv_peak_survive_dropped_rows_and_truncation(tiny
     cache.keep_rows(torch.tensor([2]), torch.tensor([0]))
     assert cache.tokens.tolist() == [[50257, 50362, 9]] and cache.batch_size == 1
     assert cache.self_kv_nbytes == held // 3 and cache.peak_self_kv_nbytes == held
-    past = cache._history.shape[1] + 5
-    cache.record_tokens(torch.arange(past)[None])  # beyond the buffer's first size: it grows
+    past = cache.self_kv[0].capacity + 5  # the history is first made that long: here it grows
+    cache.record_tokens(torch.arange(past)[None])
     assert cache.tokens.tolist() == [[50257, 50362, 9, *range(past)]]
 
     cache = three_rows_written()
