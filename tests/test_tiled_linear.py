@@ -92,6 +92,17 @@ def test_gelus_differences_lie_in_its_cancelling_tail_and_are_nearer_the_exact_v
     assert (got[differ].double() - exact).abs().mean() < (want[differ].double() - exact).abs().mean()
 
 
+def test_gelu_far_out_either_way_is_pytorchs(tiles):
+    """Pre-activations far from 0, to bfloat16's largest: GELU is the input above 0 and 0 below, as
+    PyTorch's (the exponent of erf's tail, e^(-x^2), once overflowed its range reduction to inf or NaN)."""
+    magnitudes = torch.tensor([4.0, 6.0, 10.0, 14.0, 1e2, 1e4, 7.1e6, 1e20, 1e38])
+    x = torch.cat([magnitudes, -magnitudes, torch.zeros(32 - 2 * len(magnitudes))]).bfloat16()
+    identity = torch.eye(32, dtype=torch.bfloat16)
+    got = tiles(x.repeat(32, 1), PackedLinear.of(identity, None), GELU)
+    want = F.gelu(x).repeat(32, 1)
+    assert torch.isfinite(got).all() and torch.equal(got, want), got[0]
+
+
 def test_a_rows_numbers_are_its_own_with_one_thread_or_two(tiles):
     x, weight, bias, residual = _layer(3 * 1500, 384, 1536, seed=3)
     packed = PackedLinear.of(weight, bias)
