@@ -289,7 +289,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         assert (torch.stack(solo) - rows[:9] @ weight.T).abs().max() < 1e-4
         # the module itself takes one-position rows this way, and longer inputs as F.linear does
         bias = getattr(linear, "bias", None)
-        expected = rows_times(weight, rows[:4], widths, None, None if bias is None else bias[:, None])
+        expected = rows_times(weight, rows[:4], widths, None, bias)
         if getattr(linear, "kernel", None) is not None:  # the projection reads through the steps' kernel
             expected = linear.kernel(rows[:4], linear.weight, None)
         assert torch.equal(linear(rows[:4, None])[:, 0], expected)

@@ -1,4 +1,4 @@
-"""One-position rows through the decoder's matrices as GEMMs of 2 or 3 columns: fast, and row-exact.
+"""One-position rows through the decoder's matrices as GEMMs of 2 or 3 rows: fast, and row-exact.
 
 Since round 11 a float32 model with the kernels' library steps through ``cpu/step_rows.py`` instead
 (each linear with its LayerNorm, bias, GELU and residual in one C call; row-exact by construction);
@@ -7,24 +7,23 @@ decoder linear is (``RowGemmLinear``: prompts and the encoder-side shapes still 
 
 A decoder step multiplies a few rows (one per beam, per request) by every weight matrix of the decoder
 and by the 51,864-token vocabulary table: a memory-bound product whose speed depends on how the BLAS
-reads the matrix. Measured on this project's CPU (MKL, AVX-512), float32, 2 threads:
-
-* ``x @ W.T`` for one row (what ``F.linear`` and openai-whisper do) is a GEMV that read tiny.en's
-  vocabulary table in 7.8 ms and the decoder's 24 linears in 3.4 ms;
-* ``W @ X.T`` with X of 2 rows is a GEMM that read them in 1.9 ms and 1.5 ms.
+reads the matrix. Each chunk of rows X is one ``X @ W.T`` GEMM (MKL's product with the row-major weight
+transposed). Measured on a 2-core Xeon with AMX (MKL 2024.2, float32, 2 threads, scratch): tiny.en's
+vocabulary table 1.8 ms for 2 rows, where ``W @ X.T`` (this module's product until session 66, faster
+on an earlier CPU) took 4.2 ms; a 1536 x 384 linear 15 against 71 us; tiny.en without a C compiler
+transcribed the utterances in 4.8 s against 7.8 (the same text).
 
 Batching must not change a row's numbers (a server's request gets the transcript it gets alone), and
-MKL picks its kernel by the number of columns: 2–3 columns give a row one set of bits, 4–10 another.
-So a step's rows are cut by ``plan_rows`` along the groups they belong to (a group: the rows of one
-window's cache — 1 for greedy, 5 for beam 5):
-* groups of 1–3 rows are packed together into chunks of exactly 2 or 3 columns (a lone row padded with
+MKL picks its kernel by the number of rows: one row is a GEMV, 2–3 rows give a row one set of bits,
+4–10 another. So a step's rows are cut by ``plan_rows`` along the groups they belong to (a group: the
+rows of one window's cache — 1 for greedy, 5 for beam 5):
+* groups of 1–3 rows are packed together into chunks of exactly 2 or 3 rows (a lone row padded with
   a zero row): any row in any such chunk gets the same bits;
-* a group of 4 or more rows (beams, best-of samples) is a chunk of its own of 4–10 columns: its rows
-  travel together solo or batched, so their bits depend on nothing else either. One beam-5 window then
-  reads each matrix once per step, not twice (vocabulary: 3.6 ms against 4.7 as chunks of 3 + 2).
+* a group of 4 or more rows (beams, best-of samples) is a chunk of its own of 4–10 rows: its rows
+  travel together solo or batched, so their bits depend on nothing else either.
 ``RowWidths`` checks on each real matrix, once, that the widths of each class agree; where they do not,
-the class falls back to chunks of 2. The result differs from ``x @ W.T`` only in the order of the sums
-(about 1e-6 on logits; the parity tests check the tokens).
+the class falls back to chunks of 2. The result differs from ``x @ W.T`` of one row (a GEMV) only in
+the order of the sums (about 1e-6 on logits; the parity tests check the tokens).
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ def same_bits(weight: torch.Tensor, widths: tuple[int, ...]) -> bool:
     firsts = []
     for width in widths:
         chunk = torch.stack([row, *[row.flip(0) * (i + 2) for i in range(width - 1)]])
-        firsts.append((weight @ chunk.T)[:, 0])
+        firsts.append(_chunk(weight, chunk, width, None)[0])
     return all(torch.equal(firsts[0], f) for f in firsts[1:])
 
 
@@ -119,40 +118,29 @@ def rows_times(
     rows: torch.Tensor,
     widths: RowWidths,
     sizes: list[int] | None = None,
-    bias_column: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rows @ weight.T (+ bias)`` for rows [n, in] grouped by ``sizes`` (default: one group), chunk by
-    chunk as ``weight @ chunk.T``: a contiguous [n, out]. ``bias_column`` is the bias as [out, 1]: it is
-    added inside the GEMM (``addmm``), one call per chunk."""
+    chunk: a contiguous [n, out]. ``bias`` [out] is added inside the GEMM (``addmm``), one call per
+    chunk."""
     n = rows.shape[0]
     plan = plan_rows(sizes if sizes is not None else [n], widths)
-    # contiguous rows out: elementwise ops after this (GELU) take another, differently rounded loop on a
-    # transposed tensor, and a row's bits would then depend on the batch again
     if len(plan) == 1:  # the common step: one window, or windows that fit one chunk
-        return _chunk(weight, rows, plan[0][2], bias_column)[:n].contiguous()
+        return _chunk(weight, rows, plan[0][2], bias)[:n]
     out = rows.new_empty(n, weight.shape[0])
     for start, stop, width in plan:
-        out[start:stop] = _chunk(weight, rows[start:stop], width, bias_column)[: stop - start]
+        out[start:stop] = _chunk(weight, rows[start:stop], width, bias)[: stop - start]
     return out
 
 
-def _chunk(
-    weight: torch.Tensor, rows: torch.Tensor, width: int, bias_column: torch.Tensor | None
-) -> torch.Tensor:
-    """One GEMM of exactly ``width`` columns (zero rows pad a short chunk): [width, out], transposed."""
+def _chunk(weight: torch.Tensor, rows: torch.Tensor, width: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """One GEMM of exactly ``width`` rows (zero rows pad a short chunk): [width, out], contiguous (an
+    elementwise op after it, GELU, then runs one loop whatever the batch, so a row keeps its bits)."""
     if rows.shape[0] < width:
         rows = F.pad(rows, (0, 0, 0, width - rows.shape[0]))
-    if bias_column is None:
-        return torch.mm(weight, rows.T).T
-    return torch.addmm(bias_column, weight, rows.T).T
-
-
-def one_row_times(rows: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-    """``rows @ row`` [k] for one row [d] as a lone step multiplies it: a chunk of 2 (the row and a zero
-    row), so gathered rows of a matrix get the bits its full product gives them (checked by the caller).
-    A float16 ``rows`` is widened first (exactly)."""
-    pair = torch.stack([row, torch.zeros_like(row)])
-    return torch.mm(rows.float(), pair.T)[:, 0]
+    if bias is None:
+        return torch.mm(rows, weight.T)
+    return torch.addmm(bias, rows, weight.T)
 
 
 def widened(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -181,10 +169,7 @@ def _apply(
     weight = widened(weight, x)
     if not use_row_gemm(x, weight):
         return F.linear(x, weight, bias)
-    bias_column = None if bias is None else bias[:, None]
-    return rows_times(weight, x.reshape(-1, x.shape[-1]), widths, sizes, bias_column).reshape(
-        *x.shape[:-1], -1
-    )
+    return rows_times(weight, x.reshape(-1, x.shape[-1]), widths, sizes, bias).reshape(*x.shape[:-1], -1)
 
 
 class RowGemmLinear(nn.Linear):
