@@ -14,6 +14,7 @@
  * float32 reference; the int8 type's words are measured (benchmarks/bench.py).
  * Built by cpu/build.py into the kernels' library. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,19 +44,44 @@ static inline __m256i narrow(__m512 x) /* float32 to bfloat16, to nearest even (
     return (__m256i)_mm512_cvtneps_pbh(x);
 }
 
+/* GELU of 16 bfloat16 values, x/2 (1 + erf(x / sqrt 2)) in float32, rounded to bfloat16. */
+static inline __m256i gelu_bf16(__m256i y)
+{
+    const __m512 v = widen(y), erf = erf_ps(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
+    return narrow(_mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(0.5f)), _mm512_add_ps(erf, _mm512_set1_ps(1.0f))));
+}
+
+/* gelu_bf16 of every bfloat16, by its bits: the epilogue looks GELU up instead of computing it. Why: GELU
+ * of a 32 x 32 block took as long as the block's products where the input is narrow (K of 384 or 1280:
+ * tiny.en's and turbo's first MLP linear), and a gather of 16 took 0.19 ns a value against erf's 0.48
+ * (scratch, one core); the same bits, as the table holds what gelu_bf16 gives. Two entries more: a gather
+ * reads 4 bytes at each value's 2. Filled once per process (pthread_once), 128 KB. */
+static uint16_t gelu_table[65536 + 2];
+static pthread_once_t gelu_filled = PTHREAD_ONCE_INIT;
+
+static void fill_gelu_table(void)
+{
+    for (uint32_t b = 0; b < 65536; b += 16) {
+        const __m512i bits = _mm512_add_epi32(_mm512_set1_epi32((int)b), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                                           9, 10, 11, 12, 13, 14, 15));
+        _mm256_storeu_si256((__m256i *)(gelu_table + b), gelu_bf16(_mm512_cvtepi32_epi16(bits)));
+    }
+}
+
+static inline __m256i gelu_lookup(__m256i y)
+{
+    const __m512i at = _mm512_cvtepu16_epi32(y);
+    return _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(at, (const void *)gelu_table, 2));
+}
+
 /* Rows [0, rows) of a 32 x 32 block of products ``c`` (float32, 32 apart) finished into ``out``. */
 static void finish_block(const float *c, long rows, const float *bias, int epilogue, const uint16_t *residual,
                          long res_stride, uint16_t *out, long out_stride)
 {
-    const __m512 half = _mm512_set1_ps(0.5f), root_half = _mm512_set1_ps(0.70710678118654752f);
     for (long r = 0; r < rows; r++)
         for (int j = 0; j < 32; j += 16) {
             __m256i y = narrow(_mm512_add_ps(_mm512_load_ps(c + r * 32 + j), _mm512_loadu_ps(bias + j)));
-            if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) {
-                const __m512 v = widen(y);
-                const __m512 erf = erf_ps(_mm512_mul_ps(v, root_half));
-                y = narrow(_mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(erf, _mm512_set1_ps(1.0f))));
-            }
+            if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) y = gelu_lookup(y);
             if (epilogue == EPILOGUE_RESIDUAL || epilogue == EPILOGUE_GELU_RESIDUAL) {
                 const __m256i res = _mm256_loadu_si256((const __m256i *)(residual + r * res_stride + j));
                 y = narrow(_mm512_add_ps(widen(res), widen(y)));
@@ -73,23 +99,24 @@ struct dequantise {
 static void dequantise_block(float *c, long rows, const struct dequantise *d, long n0);
 #endif
 
-/* Every output column of one block of ``rows`` <= 32 input rows (``a``, 32 rows ``lda`` bytes apart, each
- * step of 64 bytes a tile's width), 32 columns at a time from the packed weights (1 KB a tile a step):
+/* Output columns [n_begin, n_end) of one block of ``rows`` <= 32 input rows (``a``, 32 rows ``lda`` bytes
+ * apart, each step of 64 bytes a tile's width), 32 columns at a time from the packed weights (1 KB a tile a step):
  * four float32 (bfloat16, ``int8`` 0) or int32 (``int8`` 1) tiles of products, two rows of tiles by two
  * columns. Each 32 x 32 block's products are issued before the previous block is finished, so the tile
  * unit multiplies while the vector unit finishes (the two run side by side). ``blocks_c``: two blocks'
  * products (64-byte aligned). ``int8`` a constant where it is called: one copy of the loop for each. */
 static inline __attribute__((always_inline)) void row_block(const int int8, const uint8_t *a, long lda,
-                                                            const uint8_t *packed, long steps, long N, long rows,
+                                                            const uint8_t *packed, long steps, long n_begin,
+                                                            long n_end, long rows,
                                                             float *blocks_c, const struct dequantise *dq,
                                                             const float *bias, int epilogue,
                                                             const uint16_t *residual, long res_stride,
                                                             uint16_t *out, long out_stride)
 {
     (void)int8, (void)dq; /* used only where the int8 tiles are built */
-    for (long n0 = 0; n0 <= N; n0 += 32) {
+    for (long n0 = n_begin; n0 <= n_end; n0 += 32) {
         float *c = blocks_c + (n0 / 32 % 2) * 32 * 32;
-        if (n0 < N) {
+        if (n0 < n_end) {
             const uint8_t *b0 = packed + (n0 / 16) * steps * TILE_BYTES, *b1 = b0 + steps * TILE_BYTES;
             _tile_zero(0);
             _tile_zero(1);
@@ -115,7 +142,7 @@ static inline __attribute__((always_inline)) void row_block(const int int8, cons
                 _tile_dpbf16ps(3, 5, 7);
             }
         }
-        if (n0 > 0) {
+        if (n0 > n_begin) {
             const long p0 = n0 - 32;
             float *done = blocks_c + (p0 / 32 % 2) * 32 * 32;
 #ifdef WKV_AMX_INT8_LINEAR
@@ -124,7 +151,7 @@ static inline __attribute__((always_inline)) void row_block(const int int8, cons
             finish_block(done, rows, bias + p0, epilogue, residual ? residual + p0 : NULL, res_stride, out + p0,
                          out_stride);
         }
-        if (n0 < N) {
+        if (n0 < n_end) {
             _tile_stored(0, c, 32 * 4); /* tile numbers are constants: no loop */
             _tile_stored(1, c + 16, 32 * 4);
             _tile_stored(2, c + 16 * 32, 32 * 4);
@@ -133,6 +160,20 @@ static inline __attribute__((always_inline)) void row_block(const int int8, cons
     }
 }
 #endif
+
+/* The output columns a panel holds: their packed weights (``row_bytes`` each) within PANEL_BYTES, a multiple
+ * of 32, at most N. Why panels: a 32-row block reads every weight of the layer once, so blocks taken in
+ * row order stream the whole matrix from the last-level cache for each block of 32 rows (47 times a
+ * window); taken panel by panel, a panel's weights stay in the core's own 2 MB L2 while every row block
+ * goes through it. At large-v3-turbo's width (bfloat16, 1,500 rows, 2 threads; scratch, medians of 6) the
+ * MLP's linears took 8.2-9.2 and 8.9-9.0 ms against 13-16 and 10.6-12.7, query|key|value 6.1-6.3 against
+ * 8.2-10; tiny.en's (one or two panels) as before. The same products in the same order: the same bits. */
+#define PANEL_BYTES (1L << 20)
+static long panel_columns(long row_bytes, long N)
+{
+    const long columns = PANEL_BYTES / row_bytes / 32 * 32;
+    return columns < 32 ? 32 : columns > N ? N : columns;
+}
 
 /* Whether this build and this process can run wkv_encoder_linear_bf16. */
 int wkv_encoder_linear_available(void)
@@ -156,7 +197,9 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
 {
 #ifdef WKV_AMX_BF16_LINEAR
     if (!amx_permitted() || M < 1 || N % 32 || K % 32) return 0;
+    if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) pthread_once(&gelu_filled, fill_gelu_table);
     const long steps = K / 32, blocks = (M + 31) / 32;
+    const long panel = panel_columns(K * 2, N), panels = (N + panel - 1) / panel;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -164,10 +207,12 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
         uint16_t *tail = aligned_alloc(64, (size_t)32 * K * 2);
         if (!blocks_c || !tail) failed = 1;
         else amx_configure();
-        /* blocks of 32 rows handed out as threads come free (a server's other threads share the cores) */
+        /* panel by panel (panel_columns), its blocks of 32 rows handed out as threads come free (a server's
+         * other threads share the cores) */
 #pragma omp for schedule(dynamic)
-        for (long block = 0; block < blocks; block++) {
+        for (long item = 0; item < panels * blocks; item++) {
             if (failed) continue;
+            const long block = item % blocks, nb = item / blocks * panel, ne = nb + panel < N ? nb + panel : N;
             const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
             const uint16_t *a = x + m0 * x_stride;
             long lda = x_stride;
@@ -177,8 +222,8 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
                 a = tail;
                 lda = K;
             }
-            row_block(0, (const uint8_t *)a, lda * 2, (const uint8_t *)packed, steps, N, rows, blocks_c, NULL, bias,
-                      epilogue, residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride,
+            row_block(0, (const uint8_t *)a, lda * 2, (const uint8_t *)packed, steps, nb, ne, rows, blocks_c, NULL,
+                      bias, epilogue, residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride,
                       out_stride);
         }
         if (!failed) _tile_release();
@@ -195,9 +240,9 @@ int wkv_encoder_linear_bf16(const uint16_t *x, long M, long K, long x_stride, co
 
 /* The int8 encoder's linears (cpu/int8_tiles.py): int8 weights, one scale per output, through AMX's
  * int8 tiles (`tdpbusd`, twice the products of `tdpbf16ps` an instruction, half the weight bytes).
- * Each thread quantises its 32 input rows as it takes them, each row on its own (8 bits, its own
- * scale and zero point, the range always holding 0: int8_rows.c's rule), into a buffer that stays in
- * its cache while every column block of the output is made from it; the integer sums then become
+ * The threads first quantise every input row, each on its own (8 bits, its own scale and zero point,
+ * the range always holding 0: int8_rows.c's rule), into one buffer, then make the output panel by
+ * panel (panel_columns) from it; the integer sums then become
  * scale_x * scale_w * (sum - zero * row_sum_w) + bias in float32, and are finished as the bfloat16
  * kernel's are (rounded to bfloat16, GELU, residual). */
 #ifdef WKV_AMX_INT8_LINEAR
@@ -264,30 +309,51 @@ int wkv_encoder_linear_int8(const uint16_t *x, long M, long K, long x_stride, co
 {
 #ifdef WKV_AMX_INT8_LINEAR
     if (!amx_permitted() || M < 1 || N % 32 || K % 64) return 0;
+    if (epilogue == EPILOGUE_GELU || epilogue == EPILOGUE_GELU_RESIDUAL) pthread_once(&gelu_filled, fill_gelu_table);
     const long steps = K / 64, blocks = (M + 31) / 32;
+    const long panel = panel_columns(K, N), panels = (N + panel - 1) / panel;
+    /* every row quantised once, first: a row block goes through every panel */
+    uint8_t *quantised = aligned_alloc(64, (size_t)blocks * 32 * K);
+    float *x_scale = malloc(sizeof(float) * blocks * 32);
+    int32_t *x_zero = malloc(sizeof(int32_t) * blocks * 32);
+    if (!quantised || !x_scale || !x_zero) {
+        free(quantised);
+        free(x_scale);
+        free(x_zero);
+        return -1;
+    }
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
         float *blocks_c = aligned_alloc(64, 2 * 32 * 32 * 4); /* two blocks' sums, then their values */
-        uint8_t *a = aligned_alloc(64, (size_t)32 * K);
-        float x_scale[32];
-        int32_t x_zero[32];
-        if (!blocks_c || !a) failed = 1;
+        if (!blocks_c) failed = 1;
         else amx_configure();
 #pragma omp for schedule(dynamic)
         for (long block = 0; block < blocks; block++) {
             if (failed) continue;
             const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
-            for (long r = 0; r < rows; r++) quantise_row(x + (m0 + r) * x_stride, K, a + r * K, x_scale + r, x_zero + r);
+            uint8_t *a = quantised + m0 * K;
+            for (long r = 0; r < rows; r++)
+                quantise_row(x + (m0 + r) * x_stride, K, a + r * K, x_scale + m0 + r, x_zero + m0 + r);
             if (rows < 32) memset(a + rows * K, 0, (size_t)((32 - rows) * K)); /* a tile reads 16 whole rows */
-            const struct dequantise dq = {x_scale, w_scale, x_zero, w_sum};
-            row_block(1, a, K, (const uint8_t *)packed, steps, N, rows, blocks_c, &dq, bias, epilogue,
-                      residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride, out_stride);
+        }
+        /* panel by panel (panel_columns), its blocks of 32 rows handed out as threads come free */
+#pragma omp for schedule(dynamic)
+        for (long item = 0; item < panels * blocks; item++) {
+            if (failed) continue;
+            const long block = item % blocks, nb = item / blocks * panel, ne = nb + panel < N ? nb + panel : N;
+            const long m0 = block * 32, rows = M - m0 < 32 ? M - m0 : 32;
+            const struct dequantise dq = {x_scale + m0, w_scale, x_zero + m0, w_sum};
+            row_block(1, quantised + m0 * K, K, (const uint8_t *)packed, steps, nb, ne, rows, blocks_c, &dq, bias,
+                      epilogue, residual ? residual + m0 * res_stride : NULL, res_stride, out + m0 * out_stride,
+                      out_stride);
         }
         if (!failed) _tile_release();
         free(blocks_c);
-        free(a);
     }
+    free(quantised);
+    free(x_scale);
+    free(x_zero);
     return failed ? -1 : 1;
 #else
     (void)x, (void)M, (void)K, (void)x_stride, (void)packed, (void)w_scale, (void)w_sum, (void)N, (void)bias;
