@@ -59,7 +59,7 @@ def model_from_checkpoint(
     if vocab_layout is not None:
         apply_layout(model.decoder, vocab_layout)
     if float32_cpu:
-        adopt_row_gemm(model.decoder)  # decoder steps as 2-3 column GEMMs (cpu/row_gemm.py)
+        adopt_row_gemm(model.decoder)  # decoder steps as GEMMs of 2-3 rows (cpu/row_gemm.py)
     return model
 
 
