@@ -272,6 +272,10 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
             assert out.is_contiguous()
             for i in range(n):
                 assert torch.equal(out[i], solo[i]), (tuple(weight.shape), n, i)
+        bias = torch.linspace(-1, 1, weight.shape[0])  # added inside the GEMM: a row's bits its own too
+        with_bias = [rows_times(weight, rows[i : i + 1], widths, None, bias)[0] for i in range(9)]
+        out = rows_times(weight, rows[:9], widths, [1] * 9, bias)
+        assert all(torch.equal(out[i], with_bias[i]) for i in range(9)), tuple(weight.shape)
         beams = rows_times(weight, rows[9:14], widths)  # one window of 5 beams, alone
         for sizes in ([1, 5], [2, 1, 5, 3], [5, 1]):
             mixed = torch.cat([rows[:9][: sum(sizes) - 5], rows[9:14]]) if sizes[-1] != 1 else None
