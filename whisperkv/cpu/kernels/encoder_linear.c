@@ -159,7 +159,6 @@ static inline __attribute__((always_inline)) void row_block(const int int8, cons
         }
     }
 }
-#endif
 
 /* The output columns a panel holds: their packed weights (``row_bytes`` each) within PANEL_BYTES, a multiple
  * of 32, at most N. Why panels: a 32-row block reads every weight of the layer once, so blocks taken in
@@ -174,6 +173,7 @@ static long panel_columns(long row_bytes, long N)
     const long columns = PANEL_BYTES / row_bytes / 32 * 32;
     return columns < 32 ? 32 : columns > N ? N : columns;
 }
+#endif
 
 /* Whether this build and this process can run wkv_encoder_linear_bf16. */
 int wkv_encoder_linear_available(void)
