@@ -129,6 +129,38 @@ def test_a_confident_word_waits_for_a_word_after_it():
     assert [w.text for w in la.update(sure("ask not what", [0.99] * 3), heard_end=6.0)] == [" not"]
 
 
+def test_words_two_hearings_read_differently_need_a_third():
+    """lj001: "the one the whole" heard, then "they'll want the whole" twice — LocalAgreement-2 committed
+    that guess, and every later hearing said "though on the whole". Where a hearing reads whole words
+    of the one before it differently, between words the two share, those words need three hearings."""
+    la = LocalAgreement()
+    la.update(words("but the one the whole"))
+    assert [w.text for w in la.update(words("but they'll want the whole accepted"))] == [" but"]
+    assert la.update(words("but they'll want the whole except in")) == []  # two hearings of a guess
+    assert la.update(words("but though on the whole except in italy")) == []  # read anew: contested
+    assert la.update(words("but though on the whole except in italy")) == []
+    committed = la.update(words("but though on the whole except in italy gothic"))
+    assert la.committed_text() == "but though on the whole except in italy"
+    assert [w.text for w in committed][:2] == [" though", " on"]
+    assert (la.settled, la.final) == (8, 8)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("the tilage of thy husbandry", "the tillage of thy husbandry"),  # one word spelt another way
+        ("here's a long pause", "here's long pause and"),  # one reading has a word more
+        ("his tender", "his tender air might bear"),  # the first reading ended there: less audio
+    ],
+)
+def test_hearings_that_part_without_two_readings_need_two(first: str, second: str):
+    la = LocalAgreement()
+    la.update(words(first))
+    la.update(words(second))
+    la.update(words(second + " his memory"))  # the second reading heard again: final
+    assert la.committed_text() == second
+
+
 class ScriptedDecoder:
     """Hypotheses given in advance, one per decode; records what each decode was asked."""
 

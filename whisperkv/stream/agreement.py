@@ -1,4 +1,5 @@
-"""LocalAgreement-2: a word is final once two consecutive hypotheses agree on it and on all before it.
+"""LocalAgreement-2: a word is final once two consecutive hypotheses agree on it and on all before it
+(three where the hypothesis before those two read the same audio as other words: ``_contested``).
 
 Each update re-transcribes the whole audio buffer, which still holds audio of words already committed.
 So a new hypothesis is first stripped of its leading words that are already committed (as many as the
@@ -42,6 +43,11 @@ COUNT_SLACK = 0.4
 SEARCH = 2
 #: a word committed at its first hearing ends at least this long before the audio decoded (seconds)
 CONFIDENT_MARGIN_S = 0.1
+#: where two hearings that part may meet again: (words of the new one, words of the previous one) between
+#: the parting and the next word they share, narrowest first
+RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda nb: (max(nb), sum(nb)))
+#: a word two hearings share after parting is the same word if they date it this close (seconds)
+RESYNC_S = 0.5
 
 
 def word_key(text: str) -> str:
@@ -60,6 +66,8 @@ class LocalAgreement:
         self.confident = confident  # the probability that commits a word at its first hearing; None: off
         self.committed: list[Word] = []
         self.previous: list[Word] = []  # the last hypothesis minus what was committed
+        self.hearings: list[int] = []  # of each word in ``previous``: hearings in a row that said it
+        self.needed: list[int] = []  # of each word in ``previous``: hearings it needs (2, or 3: contested)
         self.settled = 0  # leading words of the last hypothesis that are committed and heard twice
         self.final = 0  # leading words of the last hypothesis that are committed
         self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
@@ -157,16 +165,53 @@ class LocalAgreement:
         agreed = 0
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
-        final = agreed
-        while final + 1 < len(new) and self._sure_at_once(new, final, heard_end):
+        hearings, needed = self._count_hearings(new, agreed)
+        final = 0
+        while final < agreed and hearings[final] >= needed[final]:
             final += 1
+        settled = final
+        if final == agreed:  # no word heard twice waits for a third hearing before these
+            while final + 1 < len(new) and needed[final] == 2 and self._sure_at_once(new, final, heard_end):
+                final += 1
         commit = self._extend(new[:final])
         self.previous = list(new[final:])
+        self.hearings, self.needed = hearings[final:], needed[final:]
         # the buffer is cut only after words heard twice: a word final at its first hearing may sit at
         # the end of the audio heard, where the next word's start is least sure (a cut there, before an
         # "ask" heard for 0.2 s, lost jfk's "ask what you can do for your" at 1.5 s per update)
-        self.settled, self.final = skip + agreed, skip + final
+        self.settled, self.final = skip + settled, skip + final
         return commit
+
+    def _count_hearings(self, new: list[Word], agreed: int) -> tuple[list[int], list[int]]:
+        """For each word of ``new``: how many hearings in a row have agreed on it, and how many it needs:
+        two, or three for the words of a contested span (``_contested``)."""
+        hearings = [h + 1 for h in self.hearings[:agreed]] + [1] * (len(new) - agreed)
+        needed = self.needed[:agreed] + [2] * (len(new) - agreed)
+        for i in range(agreed, agreed + self._contested(new, agreed)):
+            needed[i] = 3
+        return hearings, needed
+
+    def _contested(self, new: list[Word], agreed: int) -> int:
+        """How many words of ``new`` from ``agreed`` on read differently what the previous hearing read,
+        between words the two agree on: both heard what followed, so the difference is the model's doubt,
+        not a word cut off at the end of less audio (the usual way two hearings part). The next two
+        hearings may then agree on a guess: lj001 read "the one the whole", then "they'll want the whole"
+        twice (committed), then "though on the whole" ever after. 0 where the two part only at the
+        previous one's end, where one word is spelt another way ("tilage", "tillage") with the next word
+        the same (the readings agree on where the words are), or where one has a word more."""
+        before = self.previous
+        for width_new, width_before in RESYNC:
+            j, i = agreed + width_new, agreed + width_before
+            if j < len(new) and i < len(before) and same_word(new[j], before[i]):
+                if abs(new[j].start - before[i].start) > RESYNC_S:
+                    continue
+                if width_new == width_before == 1:
+                    return 0
+                # a word of one reading in the other's is one reading with a word more ("a long" and
+                # "long": also a committed word heard again but not recognised as such), not two readings
+                shared = any(same_word(n, b) for n in new[agreed:j] for b in before[agreed:i])
+                return 0 if shared else width_new
+        return 0
 
     def flush(self, hypothesis: list[Word] | None = None, before: float | None = None) -> list[Word]:
         """Commit everything not yet committed: of ``hypothesis`` when given, else of the last one; only
@@ -174,9 +219,13 @@ class LocalAgreement:
         rest = self.unseen(hypothesis) if hypothesis is not None else self.previous
         if before is not None:
             rest = [w for w in rest if w.end < before]
-        self.previous = []
-        self.settled = self.final = 0
+        self.forget_pending()
         return self._extend(rest)
+
+    def forget_pending(self) -> None:
+        """Drop the last hypothesis's words not committed (their audio is not heard again)."""
+        self.previous, self.hearings, self.needed = [], [], []
+        self.settled = self.final = 0
 
     def _extend(self, words: list[Word]) -> list[Word]:
         """Append ``words``, each starting no earlier than the committed end (times only move forward)."""

@@ -163,7 +163,7 @@ class StreamingSession:
         self.buffer_start = self.pause_from = self.received
         self.last_buffer = None
         self.agreement.first_in_buffer = len(self.agreement.committed)
-        self.agreement.previous = []
+        self.agreement.forget_pending()
         self.decoded = None
         self.utterance = []
         if self.vad is not None:
