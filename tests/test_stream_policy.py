@@ -240,6 +240,52 @@ def test_session_trims_at_a_committed_segment_end_and_prompts_with_what_left_the
     assert moved[0][2] == "one two"  # committed text no longer in the buffer is the prompt
 
 
+class DeafAfterSpeech:
+    """A decoder that hears the words of ``SAID`` inside the audio it is given, but not the whispered ones
+    (2-3 s) when its audio also holds the loud "a b" before them: as tiny.en, prompted, once heard a
+    whispered sentence as nothing."""
+
+    SAID = [(" a", 0.1, 0.5), (" b", 0.6, 0.9), (" c", 2.0, 2.4), (" d.", 2.5, 2.9)]
+    SAID += [(" e", 5.0, 5.4), (" f", 5.5, 5.9), (" g", 6.0, 6.4)]
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, str]] = []
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        start, end = start_sample / SR, (start_sample + len(audio)) / SR
+        self.calls.append((start, end, prompt))
+        deaf = start < 0.9
+        heard = [
+            Word(text, a - start, b - start, 0.9)
+            for text, a, b in self.SAID
+            if start <= a and b <= end and not (deaf and 2.0 <= a < 3.0)
+        ]
+        return Hypothesis(heard, [])
+
+    def reuse_summary(self) -> dict:
+        return {"type": "reuse"}
+
+
+def test_without_a_vad_a_long_stretch_with_no_word_is_heard_alone_before_the_words_after_it():
+    decoder = DeafAfterSpeech()
+    session = StreamingSession(decoder, trim_after=100)
+    list(run_stream(Silence(8.0), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
+    assert session.committed_text() == "a b c d. e f g"  # was "a b e f g": the buffer went past c d.
+    gap = [call for call in decoder.calls if call[0] == pytest.approx(0.9)]
+    assert gap == [(pytest.approx(0.9), pytest.approx(5.0), "")]  # once, alone, up to "e"
+    later = [call for call in decoder.calls if call[0] > 0.9]
+    assert later and all(call[0] == pytest.approx(2.9) and call[2] == "a b c d." for call in later)
+
+
+def test_a_stretch_heard_alone_that_holds_no_words_changes_nothing():
+    decoder = DeafAfterSpeech()
+    decoder.SAID = [w for w in DeafAfterSpeech.SAID if not 2.0 <= w[1] < 3.0]  # a silent stretch
+    session = StreamingSession(decoder, trim_after=100)
+    list(run_stream(Silence(8.0), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
+    assert session.committed_text() == "a b e f g"
+    assert sum(call[0] == pytest.approx(0.9) for call in decoder.calls) == 1
+
+
 def test_pcm_odd_byte_count_is_an_error():
     with pytest.raises(PCMError, match="odd number of bytes"):
         pcm16_to_float(b"\x00\x01\x02")

@@ -19,6 +19,9 @@ input ends): words it did not take for speech — whispered ones — are committ
 last hypothesis, and a silent pause is judged silence by ``transcribe``'s rule (no words). Committed text
 is never retracted.
 
+Without a VAD, a stretch of the buffer with no word heard, ``GAP_S`` or longer, is heard once alone before
+a word after it is committed (``_hear_gap``): prompted, the model may hear a whispered sentence as nothing.
+
 ``confident`` (off by default) also commits a word the model was sure of at its first hearing, a chunk
 sooner (``agreement``).
 
@@ -46,6 +49,9 @@ HISTORY_S = 1.0
 WINDOW = 30
 #: a word ending this close to the end of the audio decoded may be cut off there (still being said)
 WORD_AT_END_S = 0.2
+#: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
+GAP_S = 2.0
+SENTENCE_ENDS = (".", "?", "!")
 
 
 class UpdateDecoder(Protocol):
@@ -78,6 +84,7 @@ class StreamingSession:
         self.buffer_start = 0
         self.decoded: tuple[int, int] | None = None  # (buffer start, end) the last decode saw
         self.closed_at = 0  # where the last utterance ended (its end as the VAD padded it)
+        self.gap_heard_to = 0.0  # without a VAD: the stream is heard alone up to here (seconds)
         self.pause_from = 0  # where the audio between utterances not yet decoded begins
         #: where the last utterance's buffer began and its first committed word (a cut between words)
         self.last_buffer: tuple[int, int] | None = None
@@ -124,6 +131,9 @@ class StreamingSession:
         if hypothesis.repetitive:  # a loop is no evidence: neither agreed with nor kept as the last one
             return []
         heard_end = self.decoded[1] / SAMPLE_RATE  # set by this decode
+        heard = self._hear_gap(hypothesis) if self.vad is None else None
+        if heard is not None:  # the buffer now starts after the gap's words: the next update hears on
+            return heard
         events = self._commit(self.agreement.update(hypothesis.words, heard_end))
         if self.agreement.previous:
             events.append(Event.of_words("partial", self.agreement.previous, self.now))
@@ -194,6 +204,31 @@ class StreamingSession:
             # transcribe also stops conditioning on previous text after a window it had to decode hot
             hypothesis = self.decoder.decode(audio, self.buffer_start, "")
         return hypothesis.shifted(self.buffer_start / SAMPLE_RATE)
+
+    def _hear_gap(self, hypothesis: Hypothesis) -> list[Event] | None:
+        """Without a VAD: a stretch of ``GAP_S`` or more with no word heard, between the committed words
+        and the next new word, is heard once alone (no prompt) before a word after it is committed.
+        Decoded with the prompt, a whispered sentence was once heard as nothing, and the buffer cut past
+        it (the utterances file at 3 s per update lost "there is going to be no more speech whatsoever
+        here"). Words heard there (unless the hallucination rule rejects them) are committed, and the
+        buffer starts after them; None where the gap held none."""
+        new = self.agreement.unseen(hypothesis.words)
+        start = max(self.agreement.last_end, self.buffer_start / SAMPLE_RATE, self.gap_heard_to)
+        if not new or new[0].start - start < GAP_S:
+            return None
+        end = self.gap_heard_to = new[0].start
+        first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
+        audio = self.audio[first - self.audio_start : last - self.audio_start]
+        heard = self.decoder.decode(audio, first, "").shifted(start)
+        # the gap ends where the hypothesis dates the next word: the last words before may be cut there
+        words = [w for w in heard.words if w.end <= end - WORD_AT_END_S]
+        if words and not words[-1].text.rstrip().endswith(SENTENCE_ENDS):
+            words.pop()
+        if not words or heard.repetitive or heard.looks_hallucinated:
+            return None
+        events = self._commit(self.agreement.flush(words))
+        self._cut(int(self.agreement.last_end * SAMPLE_RATE))  # every word before is committed
+        return events
 
     def _prompt(self) -> str:
         """Committed text whose audio is no longer in the buffer (what is in it, the buffer says itself)."""
