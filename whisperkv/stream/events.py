@@ -21,6 +21,10 @@ class Word:
     #: lower (``timing``'s ``probability_with_marks``), where a decode gave one
     probability: float | None = field(default=None, compare=False)
 
+    @property
+    def ends_sentence(self) -> bool:
+        return self.text.rstrip().endswith((".", "?", "!"))
+
 
 @dataclass
 class Event:

@@ -75,7 +75,7 @@ class Hypothesis:
         return [
             (i + 1, min(w.end, self.words[i + 1].start))
             for i, w in enumerate(self.words[:-1])
-            if w.text.rstrip().endswith((".", "?", "!"))
+            if w.ends_sentence
         ]
 
     @property

@@ -51,7 +51,6 @@ WINDOW = 30
 WORD_AT_END_S = 0.2
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
-SENTENCE_ENDS = (".", "?", "!")
 
 
 class UpdateDecoder(Protocol):
@@ -222,7 +221,7 @@ class StreamingSession:
         heard = self.decoder.decode(audio, first, "").shifted(start)
         # the gap ends where the hypothesis dates the next word: the last words before may be cut there
         words = [w for w in heard.words if w.end <= end - WORD_AT_END_S]
-        if words and not words[-1].text.rstrip().endswith(SENTENCE_ENDS):
+        if words and not words[-1].ends_sentence:
             words.pop()
         if not words or heard.repetitive or heard.looks_hallucinated:
             return None
