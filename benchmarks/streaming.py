@@ -87,6 +87,7 @@ def stream_run(
     naive: bool,
     fixed_cost: float | None,
     confident: float | None = None,
+    vad: bool = True,
 ) -> dict:
     """One stream of ``audio``: its text, compute, per-word latencies, first commit, reuse."""
     from whisperkv.stream.clock import SimulatedClock
@@ -97,7 +98,7 @@ def stream_run(
 
     decoder = LocalDecoder(model, naive_reuse=naive)
     decoder.record = [] if naive else None
-    session = StreamingSession(decoder, vad=SpeechDetector(), confident=confident)
+    session = StreamingSession(decoder, vad=SpeechDetector() if vad else None, confident=confident)
     clock = SimulatedClock(fixed_cost)
     latencies, first, first_end = [], None, None
     for event in run_stream(ArraySource(audio), session, clock, chunk):

@@ -22,7 +22,7 @@ import sys
 import time
 
 import jiwer
-from streaming import SPEECH, ArraySource, inputs, machine
+from streaming import SPEECH, inputs, machine, stream_run
 
 COMPUTES = (0.1, 0.5, 1.5, 3.0, 5.0)
 #: the committed text's WER may exceed offline's by this much (points)
@@ -41,32 +41,19 @@ def clips() -> dict[str, tuple]:
     }
 
 
-def streamed(model, audio, compute: float, vad: bool, confident: float | None) -> str:
-    from whisperkv.stream.clock import SimulatedClock
-    from whisperkv.stream.local_decoder import LocalDecoder
-    from whisperkv.stream.runner import run_stream
-    from whisperkv.stream.session import StreamingSession
-    from whisperkv.stream.vad import SpeechDetector
+def corpus_errors(pairs: list[tuple[str, str]]) -> tuple[int, int]:
+    """(word edits, reference words) summed over (reference, hypothesis) pairs (``word_errors``)."""
+    from whisperkv.metrics import word_errors
 
-    detector = SpeechDetector() if vad else None
-    session = StreamingSession(LocalDecoder(model), vad=detector, confident=confident)
-    for _ in run_stream(ArraySource(audio), session, SimulatedClock(compute), 1.0):
-        pass
-    return session.committed_text()
+    counts = [word_errors(reference, hypothesis) for reference, hypothesis in pairs]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
-def errors(pairs: list[tuple[str, str]]) -> tuple[int, int, int]:
-    """(word edits, deletions, reference words) over (reference, hypothesis) pairs, normalised."""
+def missing(pairs: list[tuple[str, str]]) -> int:
+    """Words of each reference the hypothesis lacks (deletions), normalised, summed."""
     from whisperkv.metrics import normalize_text
 
-    edits = deletions = words = 0
-    for reference, hypothesis in pairs:
-        ref, hyp = normalize_text(reference), normalize_text(hypothesis)
-        found = jiwer.process_words(ref, hyp)
-        edits += found.substitutions + found.deletions + found.insertions
-        deletions += found.deletions
-        words += len(ref.split())
-    return edits, deletions, words
+    return sum(jiwer.process_words(normalize_text(r), normalize_text(h)).deletions for r, h in pairs)
 
 
 def sweep(model, groups: dict[str, dict], args: argparse.Namespace) -> list[dict]:
@@ -74,13 +61,16 @@ def sweep(model, groups: dict[str, dict], args: argparse.Namespace) -> list[dict
     rows = []
     for group, items in groups.items():
         offline = {name: model.transcribe(audio)["text"] for name, (audio, _) in items.items()}
-        o_edits, _, words = errors([(items[n][1], offline[n]) for n in items])
+        o_edits, words = corpus_errors([(items[n][1], offline[n]) for n in items])
         for vad in (True, False):
             for compute in args.computes:
                 t0 = time.perf_counter()
-                texts = {n: streamed(model, a, compute, vad, args.confident) for n, (a, _) in items.items()}
-                s_edits, _, _ = errors([(items[n][1], texts[n]) for n in items])
-                _, lost, _ = errors([(offline[n], texts[n]) for n in items])
+                texts = {
+                    n: stream_run(model, a, 1.0, False, compute, args.confident, vad)["text"]
+                    for n, (a, _) in items.items()
+                }
+                s_edits, _ = corpus_errors([(items[n][1], texts[n]) for n in items])
+                lost = missing([(offline[n], texts[n]) for n in items])
                 row = {"group": group, "vad": vad, "compute": compute, "wer": s_edits / words}
                 row.update(offline_wer=o_edits / words, lost=lost, seconds=time.perf_counter() - t0)
                 rows.append(row)
