@@ -161,6 +161,36 @@ def test_hearings_that_part_without_two_readings_need_two(first: str, second: st
     assert la.committed_text() == second
 
 
+def test_a_committed_word_heard_later_as_a_longer_word_is_lengthened_not_lost():
+    """lj002-0020 (1.5 s): " in" " 18" " third." at 1 s committed "in 18" ("18" sure, a word after it);
+    the close heard " in" " 1813." — counted as a re-hearing of "18", "13" was lost. The longer word's
+    end is committed as the end of the committed word: the text only grows, "in 18" then "in 1813."."""
+    la = LocalAgreement(confident=0.5)
+    first = [Word(" in", 0.0, 0.28, 0.9), Word(" 18", 0.28, 0.64, 0.81), Word(" third.", 0.64, 0.9, 0.3)]
+    assert [w.text for w in la.update(first, heard_end=1.0)] == [" in", " 18"]
+    added = la.flush([Word(" in", 0.0, 0.28, 0.9), Word(" 1813.", 0.3, 1.1, 0.8)])
+    assert [w.text for w in added] == ["13."] and added[0].start == 0.64
+    assert la.committed_text() == "in 1813." and [w.text for w in la.committed] == [" in", " 1813."]
+    # the lengthened word is what later hearings are aligned with: nothing of it is committed again
+    assert [
+        w.text for w in la.flush([Word(" in", 0.0, 0.3), Word(" 1813.", 0.3, 1.1), *words("ok", 1.2)])
+    ] == [" ok"]
+
+
+@pytest.mark.parametrize(
+    ("committed", "heard"),
+    [
+        (" country.", " country.."),  # the committed word ends in punctuation: heard whole
+        (" country", " country."),  # only punctuation added
+    ],
+)
+def test_a_longer_word_that_is_not_the_committed_one_heard_whole_adds_nothing(committed: str, heard: str):
+    la = LocalAgreement()
+    la.flush([Word(" in", 0.0, 0.28), Word(committed, 0.28, 0.64)])
+    assert la.flush([Word(" in", 0.0, 0.28), Word(heard, 0.3, 1.1)]) == []
+    assert la.committed_text() == "in" + committed
+
+
 class ScriptedDecoder:
     """Hypotheses given in advance, one per decode; records what each decode was asked."""
 

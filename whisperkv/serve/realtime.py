@@ -314,7 +314,9 @@ class TranscriptionConnection:
             elif event.type == "commit":
                 if self.item_id is None:  # words heard in a pause the VAD passed over: they open an item
                     self.item_id = self.new_item()
-                delta = " " + event.text if self.item_has_text else event.text
+                # the words as spelt, leading spaces and all: the deltas add up to the transcript, also
+                # where a commit only ends the word before it ("13." after "in 18")
+                delta = "".join(w.text for w in event.words) if self.item_has_text else event.text
                 self.item_has_text = True
                 await self.send(
                     "conversation.item.input_audio_transcription.delta",

@@ -50,6 +50,11 @@ RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda n
 RESYNC_S = 0.5
 
 
+class Continuation(Word):
+    """The end of the last committed word, heard later (its text has no leading space): "13." after a
+    committed " 18". Committed, it lengthens that word, so the committed words stay one per word heard."""
+
+
 def word_key(text: str) -> str:
     """A word as compared: normalised (Whisper's English normaliser), letters and digits only, so that
     "so..." and "so" agree whatever the normaliser leaves of the punctuation."""
@@ -153,15 +158,40 @@ class LocalAgreement:
             return False
         return word.probability >= self.confident and word.end <= heard_end - CONFIDENT_MARGIN_S
 
+    def _continuation(self, hypothesis: list[Word], skip: int) -> Continuation | None:
+        """What ``hypothesis`` adds to the last committed word where it hears it as a longer word: a word
+        split by the tokenizer, committed before its end was heard (" 18" of " 1813.", " wood" of
+        " woodcutters"). Counted as a re-hearing of " 18", " 1813." added nothing, and lj002-0020's
+        "in 1813" was committed as "in 18". None where the committed word ends in punctuation (it was
+        heard whole), the longer word only adds punctuation, or the two are not dated alike."""
+        if not skip or skip > len(hypothesis) or len(self.committed) <= self.first_in_buffer:
+            return None
+        heard, last = hypothesis[skip - 1], self.committed[-1]
+        longer, word = heard.text.strip(), last.text.strip()
+        if not word or not word[-1].isalnum() or len(longer) <= len(word) or not longer.startswith(word):
+            return None
+        rest = longer[len(word) :]
+        if not (rest[0].isalnum() or rest[0] in "-'") or abs(heard.start - last.start) > RESYNC_S:
+            return None
+        return Continuation(rest, last.end, max(heard.end, last.end), heard.probability)
+
+    def _unseen(self, hypothesis: list[Word]) -> tuple[list[Word], int]:
+        """The part of ``hypothesis`` not already committed (led by a ``Continuation`` of the last
+        committed word where it has one), and how many of its leading words are committed whole."""
+        skip = self.already_committed(hypothesis)
+        continuation = self._continuation(hypothesis, skip)
+        if continuation is None:
+            return list(hypothesis[skip:]), skip
+        return [continuation, *hypothesis[skip:]], skip - 1
+
     def unseen(self, hypothesis: list[Word]) -> list[Word]:
         """The part of ``hypothesis`` that is not already committed."""
-        return list(hypothesis[self.already_committed(hypothesis) :])
+        return self._unseen(hypothesis)[0]
 
     def update(self, hypothesis: list[Word], heard_end: float | None = None) -> list[Word]:
         """Take a new hypothesis of the audio up to ``heard_end``; return the words it commits (the agreed
         prefix with the previous one, then the confident words after it where ``confident`` is set)."""
-        skip = self.already_committed(hypothesis)
-        new = hypothesis[skip:]
+        new, skip = self._unseen(hypothesis)
         agreed = 0
         while agreed < min(len(new), len(self.previous)) and same_word(new[agreed], self.previous[agreed]):
             agreed += 1
@@ -228,9 +258,15 @@ class LocalAgreement:
         self.settled = self.final = 0
 
     def _extend(self, words: list[Word]) -> list[Word]:
-        """Append ``words``, each starting no earlier than the committed end (times only move forward)."""
+        """Append ``words``, each starting no earlier than the committed end (times only move forward); a
+        ``Continuation`` lengthens the last committed word instead (and is returned as what was added)."""
         out = []
         for w in words:
+            if isinstance(w, Continuation):
+                last = self.committed[-1]
+                self.committed[-1] = Word(last.text + w.text, last.start, w.end, last.probability)
+                out.append(w)
+                continue
             start = max(w.start, self.last_end)
             word = w if start == w.start else Word(w.text, start, max(w.end, start), w.probability)
             self.committed.append(word)
