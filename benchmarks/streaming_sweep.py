@@ -3,6 +3,7 @@ never lose words.
 
     PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --compute_type int8 --confident 0.5
     PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --computes 1.5 --no_clips   # one column
+    PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --only clips,jfk   # some inputs
 
 Each input is streamed as ``whisperkv stream`` does (1 s chunks, LocalAgreement-2), on a clock that
 charges every update a fixed compute time (0.1 to 5 s: at 1.5 s per 1 s chunk the stream falls behind
@@ -92,6 +93,7 @@ def main() -> int:
     p.add_argument("--confident", type=probability, default=None, metavar="P")
     p.add_argument("--computes", type=lambda s: [float(x) for x in s.split(",")], default=list(COMPUTES))
     p.add_argument("--no_clips", action="store_true", help="only the three long inputs and jfk")
+    p.add_argument("--only", default="", metavar="NAMES", help="the inputs whose names contain one of these")
     args = p.parse_args()
     if not (SPEECH / "manifest.tsv").is_file():
         print(f"no speech set at {SPEECH}", file=sys.stderr)
@@ -107,6 +109,8 @@ def main() -> int:
     groups["jfk"] = {"jfk": english["jfk"]}
     if not args.no_clips:
         groups[f"{len(english)} English clips"] = english
+    wanted = [n for n in args.only.split(",") if n]
+    groups = {g: items for g, items in groups.items() if not wanted or any(n in g for n in wanted)}
     rows = sweep(model, groups, args)
     print("\ngoals (issue 42):")
     met_all = True
