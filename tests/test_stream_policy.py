@@ -316,6 +316,66 @@ def test_a_stretch_heard_alone_that_holds_no_words_changes_nothing():
     assert sum(call[0] == pytest.approx(0.9) for call in decoder.calls) == 1
 
 
+class Rehearing:
+    """Hears the words of ``SAID`` inside the audio it is given; the last one right ("five") only when
+    its audio starts at the utterance's start (as tiny.en heard "1455" where a cut buffer heard "14-55"),
+    and, with ``whole_stops_early``, that whole hearing stops before it (as one of mfa_cold_corpus
+    stopped before "Great, thanks.")."""
+
+    SAID = [
+        (" one", 0.1, 0.5),
+        (" two", 0.6, 1.0),
+        (" three", 1.1, 1.5),
+        (" four", 1.6, 2.0),
+        (" five", 2.6, 3.0),
+    ]
+
+    def __init__(self, whole_stops_early: bool = False) -> None:
+        self.whole_stops_early = whole_stops_early
+        self.calls: list[tuple[float, float, str]] = []
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        start, end = start_sample / SR, (start_sample + len(audio)) / SR
+        self.calls.append((start, end, prompt))
+        whole = start == 0
+        heard = [
+            Word(text if whole or text != " five" else " fife", a - start, b - start, 0.9)
+            for text, a, b in self.SAID
+            if start <= a and b <= end and not (whole and self.whole_stops_early and text == " five")
+        ]
+        return Hypothesis(heard, [w.end for w in heard])
+
+    def reuse_summary(self) -> dict:
+        return {"type": "reuse"}
+
+
+@pytest.mark.parametrize(
+    ("stops_early", "text"), [(False, "one two three four five"), (True, "one two three four fife")]
+)
+def test_an_utterance_is_closed_by_a_hearing_of_all_its_audio_unless_that_stops_early(stops_early, text):
+    decoder = Rehearing(whole_stops_early=stops_early)
+    session = StreamingSession(decoder, trim_after=0.5, min_audio_s=0.1)
+    events = list(run_stream(Silence(3.5), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
+    assert any(start > 0 for start, _, _ in decoder.calls)  # the buffer was cut while the words came
+    assert session.committed_text() == text
+    assert [e.text for e in events if e.type == "utterance_end"] == [text]
+    closing = decoder.calls[-2:] if stops_early else decoder.calls[-1:]
+    assert closing[0][:2] == (0.0, 3.5) and closing[0][2] == ""  # all the utterance, nothing as prompt
+    if stops_early:
+        assert closing[1][0] > 0  # then the buffer, as before
+
+
+def test_audio_cleared_is_not_heard_by_the_close():
+    decoder = Rehearing()
+    session = StreamingSession(decoder, min_audio_s=0.1)
+    session.feed(np.zeros(2 * SR, dtype=np.float32))
+    session.update()
+    session.clear()
+    session.feed(np.zeros(SR, dtype=np.float32))
+    session.commit()
+    assert decoder.calls[-1][:2] == (2.0, 3.0)
+
+
 def test_pcm_odd_byte_count_is_an_error():
     with pytest.raises(PCMError, match="odd number of bytes"):
         pcm16_to_float(b"\x00\x01\x02")

@@ -88,6 +88,8 @@ class StreamingSession:
         #: where the last utterance's buffer began and its first committed word (a cut between words)
         self.last_buffer: tuple[int, int] | None = None
         self.utterance: list[Word] = []
+        #: where the open utterance's audio begins and its first committed word: its close hears it whole
+        self.utterance_from = (0, 0)
         self.decodes = 0  # buffers decoded (a clock charges an update's cost to a span that decoded)
 
     @property
@@ -108,6 +110,7 @@ class StreamingSession:
                     self.in_speech = True
                     self.buffer_start = max(boundary.sample, self.audio_start)
                     self.agreement.first_in_buffer = len(self.agreement.committed)
+                    self.utterance_from = (self.buffer_start, len(self.agreement.committed))
                     # the VAD pads both ends: speech that starts after the last utterance's unpadded end
                     self.agreement.fresh = boundary.sample >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
                     events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
@@ -172,6 +175,7 @@ class StreamingSession:
         self.buffer_start = self.pause_from = self.received
         self.last_buffer = None
         self.agreement.first_in_buffer = len(self.agreement.committed)
+        self.utterance_from = (self.received, len(self.agreement.committed))  # never heard again
         self.agreement.forget_pending()
         self.decoded = None
         self.utterance = []
@@ -255,26 +259,42 @@ class StreamingSession:
         events = self._catch_up(end)
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
-        last = self._decode(end, closing=True) if end - self.buffer_start >= self.min_audio // 5 else None
+        last = self._closing_hearing(end) if end - self.buffer_start >= self.min_audio // 5 else None
         if last is not None and not last.repetitive:
             events += self._commit(self.agreement.flush(last.words))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
-        text = join_words(self.utterance)
+        start, stop = self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE
         events.append(
-            Event("utterance_end", text, self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE, self.now)
+            Event("utterance_end", join_words(self.utterance), start, stop, self.now, self.utterance)
         )
-        events[-1].words = self.utterance
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
         self.agreement.first_in_buffer = len(self.agreement.committed)
+        self.utterance_from = (self.buffer_start, len(self.agreement.committed))
         self.decoded = None
         self.in_speech = self.vad is None
         release = getattr(self.decoder, "release", None)
         if release is not None:  # the buffer moved past what the decoder holds: no later update reuses it
             release()
         return events
+
+    def _closing_hearing(self, end: int) -> Hypothesis:
+        """The utterance's last hearing: of all its audio where that fits a window (as offline hears it:
+        the words not yet committed heard with what was said before them; a cut buffer heard lj001-0007's
+        "1455" as "14-55"), else of the buffer; also where the whole hearing stops before the words heard
+        already (one of mfa_cold_corpus from 0 s stopped before its last words, "Great, thanks.")."""
+        start, first = self.utterance_from
+        if self.audio_start <= start < self.buffer_start and end - start <= WINDOW * SAMPLE_RATE:
+            heard_to = max([self.agreement.last_end] + [w.end for w in self.agreement.previous])
+            kept = self.buffer_start, self.agreement.first_in_buffer
+            self.buffer_start, self.agreement.first_in_buffer = start, first
+            whole = self._decode(end, closing=True)
+            if not whole.repetitive and whole.words and whole.words[-1].end >= heard_to - WORD_AT_END_S:
+                return whole
+            self.buffer_start, self.agreement.first_in_buffer = kept
+        return self._decode(end, closing=True)
 
     def _catch_up(self, end: int) -> list[Event]:
         """A stream that fell behind (updates slower than the audio) may close an utterance longer than one
@@ -371,6 +391,8 @@ class StreamingSession:
 
     def _forget_old_audio(self) -> None:
         keep_from = self.buffer_start if self.in_speech else self.received - int(HISTORY_S * SAMPLE_RATE)
+        if self.in_speech and self.received - self.utterance_from[0] <= WINDOW * SAMPLE_RATE:
+            keep_from = min(keep_from, self.utterance_from[0])  # the close hears the utterance whole
         if not self.in_speech:  # the pause is decoded once it is over, after the last utterance's words
             keep_from = min(keep_from, self.pause_from, *(self.last_buffer or (self.pause_from,))[:1])
         keep_from = max(self.audio_start, min(keep_from, self.received))
