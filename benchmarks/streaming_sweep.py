@@ -4,6 +4,7 @@ never lose words.
     PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --compute_type int8 --confident 0.5
     PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --computes 1.5 --no_clips   # one column
     PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --only clips,jfk   # some inputs
+    PYTHONPATH=. .venv/bin/python benchmarks/streaming_sweep.py --vad on   # the VAD's rows only
 
 Each input is streamed as ``whisperkv stream`` does (1 s chunks, LocalAgreement-2), on a clock that
 charges every update a fixed compute time (0.1 to 5 s: at 1.5 s per 1 s chunk the stream falls behind
@@ -63,7 +64,7 @@ def sweep(model, groups: dict[str, dict], args: argparse.Namespace) -> list[dict
     for group, items in groups.items():
         offline = {name: model.transcribe(audio)["text"] for name, (audio, _) in items.items()}
         o_edits, words = corpus_errors([(items[n][1], offline[n]) for n in items])
-        for vad in (True, False):
+        for vad in {"both": (True, False), "on": (True,), "off": (False,)}[args.vad]:
             for compute in args.computes:
                 t0 = time.perf_counter()
                 texts = {
@@ -94,6 +95,7 @@ def main() -> int:
     p.add_argument("--computes", type=lambda s: [float(x) for x in s.split(",")], default=list(COMPUTES))
     p.add_argument("--no_clips", action="store_true", help="only the three long inputs and jfk")
     p.add_argument("--only", default="", metavar="NAMES", help="the inputs whose names contain one of these")
+    p.add_argument("--vad", choices=("both", "on", "off"), default="both", help="with the VAD, without, both")
     args = p.parse_args()
     if not (SPEECH / "manifest.tsv").is_file():
         print(f"no speech set at {SPEECH}", file=sys.stderr)

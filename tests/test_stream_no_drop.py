@@ -115,7 +115,10 @@ class Silence:
 
 class ScriptVAD:
     """Speech boundaries where the script's pauses are, as silero reports them: a start padded back by
-    0.3 s once 0.25 s of speech has arrived, an end 0.5 s into the silence."""
+    0.3 s once 0.25 s of speech has arrived, an end 0.5 s into the silence dated 0.3 s (its pad) less a
+    32 ms frame after the speech."""
+
+    pad = int(0.3 * SR)
 
     def __init__(self, words: list[tuple[str, float, float]], pause: float = 0.8) -> None:
         spans = [[words[0][1], words[0][2]]]
@@ -126,7 +129,7 @@ class ScriptVAD:
         self.boundaries = []
         for s, e in spans:
             self.boundaries.append((s + 0.25, SpeechBoundary("start", max(0, int((s - 0.3) * SR)))))
-            self.boundaries.append((e + 0.5, SpeechBoundary("end", int((e + 0.1) * SR))))
+            self.boundaries.append((e + 0.5, SpeechBoundary("end", int((e + 0.268) * SR))))
         self.position = 0
 
     def process(self, samples: np.ndarray) -> list[SpeechBoundary]:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from whisperkv.tokenizer import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02
+#: a word ending this close to the end of the audio decoded may be cut off there (still being said)
+WORD_AT_END_S = 0.2
 
 
 @dataclass
@@ -77,6 +79,20 @@ class Hypothesis:
             for i, w in enumerate(self.words[:-1])
             if w.ends_sentence
         ]
+
+    def window_cut(self, start: float, window_end: float) -> tuple[list[Word], float]:
+        """Of a full window's hypothesis (dated in the stream, its buffer from ``start`` s): the words up
+        to its last complete segment and the cut after them (a second past ``start`` at least); without
+        one, the words that end before the window's end (one that reaches it may be cut off there) and a
+        cut before the next word."""
+        ahead = start + 1.0  # each window moves on by a second at least
+        cuts = [c for c in self.word_boundaries() if c[1] >= ahead]
+        if cuts:
+            count, cut = cuts[-1]
+            return self.words[:count], cut
+        words = [w for w in self.words if w.end < window_end - WORD_AT_END_S]
+        rest = self.words[len(words) :]
+        return words, max(ahead, min([window_end] + [w.start for w in rest[:1]]))
 
     @property
     def text(self) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 
 from whisperkv.stream.agreement import LocalAgreement, same_word
 from whisperkv.stream.events import Event, Word, join_words
-from whisperkv.stream.hypothesis import Hypothesis
+from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis
 from whisperkv.stream.vad import SpeechDetector
 
 SAMPLE_RATE = 16000
@@ -47,8 +47,6 @@ PROMPT_CHARS = 200
 HISTORY_S = 1.0
 #: seconds of audio one decode sees (Whisper's window)
 WINDOW = 30
-#: a word ending this close to the end of the audio decoded may be cut off there (still being said)
-WORD_AT_END_S = 0.2
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
 
@@ -117,7 +115,7 @@ class StreamingSession:
                     events += heard
                 else:
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
-                    events += self._close(boundary.sample)
+                    events += self._close(boundary.sample, speech_stopped=True)
         if not self.in_speech and self.received - self.pause_from >= WINDOW * SAMPLE_RATE:
             events += self._hear_pause(self.pause_from + WINDOW * SAMPLE_RATE)
         self._forget_old_audio()
@@ -254,14 +252,20 @@ class StreamingSession:
         self.utterance.extend(words)
         return [Event.of_words("commit", words, self.now)]
 
-    def _close(self, end: int) -> list[Event]:
-        """Close the utterance at ``end``: decode it once more and commit the whole hypothesis."""
+    def _close(self, end: int, speech_stopped: bool = False) -> list[Event]:
+        """Close the utterance at ``end``: decode it once more and commit the whole hypothesis. Where the VAD
+        closed it, a word heard ending past half the VAD's padding before its end ran on into what it took
+        for silence and may be cut off there: it is held, and heard again with the pause (``_hear_pause``).
+        mfa_falsetto2's close ended inside the falsetto "people" and committed it as "to do that."."""
         events = self._catch_up(end)
+        stopped = (end - getattr(self.vad, "pad", 0) // 2) / SAMPLE_RATE if speech_stopped else None
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
         last = self._closing_hearing(end) if end - self.buffer_start >= self.min_audio // 5 else None
+        held: list[Word] = []
         if last is not None and not last.repetitive:
-            events += self._commit(self.agreement.flush(last.words))
+            held = [w for w in self.agreement.unseen(last.words) if stopped is not None and w.end >= stopped]
+            events += self._commit(self.agreement.flush(last.words, before=stopped))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
         start, stop = self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE
@@ -271,6 +275,8 @@ class StreamingSession:
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
+        if held:  # the pause is heard from them on
+            self.pause_from = max(int(held[0].start * SAMPLE_RATE), self.audio_start)
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.utterance_from = (self.buffer_start, len(self.agreement.committed))
         self.decoded = None
@@ -303,23 +309,10 @@ class StreamingSession:
         while end - self.buffer_start > WINDOW * SAMPLE_RATE:
             window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
             hypothesis = self._decode(end)  # the first 30 s of the buffer
-            words, cut = self._window_cut(hypothesis, window_end)
+            words, cut = hypothesis.window_cut(self.buffer_start / SAMPLE_RATE, window_end)
             events += self._commit(self.agreement.flush(words))
             self._cut(int(cut * SAMPLE_RATE))
         return events
-
-    def _window_cut(self, hypothesis: Hypothesis, window_end: float) -> tuple[list[Word], float]:
-        """Of a full window's hypothesis: the words up to its last complete segment and the cut after them
-        (a second past the buffer's start at least); without one, the words that end before the window's
-        end (one that reaches it may be cut off there) and a cut before the next word."""
-        ahead = self.buffer_start / SAMPLE_RATE + 1.0  # each window moves on by a second at least
-        cuts = [c for c in hypothesis.word_boundaries() if c[1] >= ahead]
-        if cuts:
-            count, cut = cuts[-1]
-            return hypothesis.words[:count], cut
-        words = [w for w in hypothesis.words if w.end < window_end - WORD_AT_END_S]
-        rest = hypothesis.words[len(words) :]
-        return words, max(ahead, min([window_end] + [w.start for w in rest[:1]]))
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
         """Cut the buffer at the last committed segment end (or sentence end) once it is long; never past
@@ -357,7 +350,8 @@ class StreamingSession:
         if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
             return []
         maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
-        if maybe_speech is not None and not maybe_speech(start, end):
+        held = start < self.closed_at  # words the close held (``_close``) are heard whatever the VAD says
+        if maybe_speech is not None and not held and not maybe_speech(start, end):
             self.pause_from, self.last_buffer = end, None  # nothing to hear: no audio kept for it
             return []
         begin = self._pause_buffer(start, end)
@@ -365,7 +359,7 @@ class StreamingSession:
         hypothesis = self._decode(end)
         heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
         if heard and end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
-            heard, cut = self._window_cut(hypothesis, cut)
+            heard, cut = hypothesis.window_cut(begin / SAMPLE_RATE, cut)
         events = self._commit(self.agreement.flush(heard))
         self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
         self.last_buffer = (self.pause_from, len(self.agreement.committed))  # a cut between words
