@@ -113,9 +113,9 @@ def test_a_long_silent_pause_keeps_no_more_than_a_window_of_audio():
 @pytest.mark.parametrize("near", [True, False])
 def test_a_word_heard_running_into_what_the_vad_called_silence_is_left_to_the_pause(near):
     """mfa_falsetto2: the VAD heard "I really don't know how" and not the falsetto "people talk like this";
-    the close's hearing ended inside "people", read it as "to do that." and committed it. A word heard
-    ending within half the VAD's padding of its end is now held, and heard again with the pause (whatever
-    the VAD thought of the pause: the words were heard)."""
+    the close's hearing ran on inside "people", read it as "to do that." and committed it. A word heard
+    ending past the VAD's end is now held, and heard again with the pause (whatever the VAD thought of
+    the pause: the words were heard)."""
     voiced = JFK[:5]  # "And so my fellow Americans," then, with no pause, words the VAD does not hear
     falsetto = [("people", 2.32, 2.9), ("talk|", 2.95, 3.5)]
     words = voiced + falsetto
@@ -129,6 +129,20 @@ def test_a_word_heard_running_into_what_the_vad_called_silence_is_left_to_the_pa
     closed = next(i for i, e in enumerate(events) if e.type == "utterance_end")
     assert events[closed].text == "And so my fellow Americans"
     assert [e.text for e in events[closed:] if e.type == "commit"] == ["people talk"]
+
+
+def test_a_word_held_at_a_close_is_heard_with_the_speech_that_starts_inside_it():
+    """The VAD hears speech again while the word the close held is still being said (its start, padded
+    back, falls inside it): heard as a pause up to there, the word was cut again, and committed in
+    pieces. The new utterance begins where the last one's buffer began, so the word is heard whole."""
+    words = [*JFK[:5], ("people", 2.32, 3.1), ("talk", 3.3, 3.6), ("like", 3.62, 3.9), ("this.|", 3.92, 4.3)]
+    events: list = []
+    committed, decoder, calls = stream(words, QuietVAD(words, {"people@2.32"}), 0.0, events)
+    starts = [e.start for e in events if e.type == "speech_started"]
+    assert starts[1] == pytest.approx(3.0) and starts[1] < 3.1  # inside "people"
+    assert committed == [plain(t) for t, _, _ in words]
+    assert decoder.neither == []
+    assert [c for c in calls if c[0] == 0.0 and c[1] > 3.0]  # the second utterance heard from 0 s
 
 
 def test_a_pause_longer_than_a_window_is_heard_window_by_window():

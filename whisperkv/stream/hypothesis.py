@@ -15,13 +15,15 @@ ends to cut at (``sentence_boundaries``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from whisperkv.engine.segments import PUNCTUATION
 from whisperkv.stream.events import Word
 from whisperkv.timing import is_segment_anomaly
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from whisperkv.tokenizer import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -106,6 +108,15 @@ class Hypothesis:
             list(self.boundaries),
             self.repetitive,
         )
+
+
+class UpdateDecoder(Protocol):
+    """What a stream's updates are decoded by: in this process (``LocalDecoder``) or on the server's
+    scheduler (``SchedulerDecoder``); the session does not know which."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis: ...
+
+    def reuse_summary(self) -> dict: ...
 
 
 def split_segments(tokens: list[int], tokenizer: Tokenizer, duration: float) -> tuple[list[dict], int]:

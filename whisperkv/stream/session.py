@@ -13,7 +13,8 @@ times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, insi
 prompt ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update.
 
 With a VAD, silence between utterances never enters an utterance's buffer and the end of speech closes
-the utterance: its last hypothesis is committed whole. End of input does the same. What the VAD called a
+the utterance: its last hypothesis is committed whole, but for words heard running past the VAD's end
+(heard again with what follows). End of input does the same. What the VAD called a
 pause is still heard once, whole, when it is over (the next speech starts, 30 s of it have passed, or
 input ends): words it did not take for speech — whispered ones — are committed like an utterance's
 last hypothesis, and a silent pause is judged silence by ``transcribe``'s rule (no words). Committed text
@@ -31,13 +32,11 @@ scheduler — so the policy does not know where the model runs.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
 from whisperkv.stream.agreement import LocalAgreement, same_word
 from whisperkv.stream.events import Event, Word, join_words
-from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis
+from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
 from whisperkv.stream.vad import SpeechDetector
 
 SAMPLE_RATE = 16000
@@ -49,12 +48,6 @@ HISTORY_S = 1.0
 WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
-
-
-class UpdateDecoder(Protocol):
-    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis: ...
-
-    def reuse_summary(self) -> dict: ...
 
 
 class StreamingSession:
@@ -102,18 +95,10 @@ class StreamingSession:
         events: list[Event] = []
         if self.vad is not None:
             for boundary in self.vad.process(samples):
-                t = boundary.sample / SAMPLE_RATE
                 if boundary.kind == "start":
-                    heard = self._hear_pause(boundary.sample)  # its words open the new utterance
-                    self.in_speech = True
-                    self.buffer_start = max(boundary.sample, self.audio_start)
-                    self.agreement.first_in_buffer = len(self.agreement.committed)
-                    self.utterance_from = (self.buffer_start, len(self.agreement.committed))
-                    # the VAD pads both ends: speech that starts after the last utterance's unpadded end
-                    self.agreement.fresh = boundary.sample >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
-                    events.append(Event("speech_started", start=t, end=t, audio_time=self.now))
-                    events += heard
+                    events += self._open(boundary.sample)
                 else:
+                    t = boundary.sample / SAMPLE_RATE
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
                     events += self._close(boundary.sample, speech_stopped=True)
         if not self.in_speech and self.received - self.pause_from >= WINDOW * SAMPLE_RATE:
@@ -180,6 +165,11 @@ class StreamingSession:
         if self.vad is not None:
             self.vad.reset()
             self.in_speech = False
+
+    @property
+    def held(self) -> bool:
+        """Whether the last close held words (``_close``) not yet heard again: heard whatever the VAD says."""
+        return self.pause_from < self.closed_at
 
     def committed_text(self) -> str:
         return self.agreement.committed_text()
@@ -252,13 +242,29 @@ class StreamingSession:
         self.utterance.extend(words)
         return [Event.of_words("commit", words, self.now)]
 
+    def _open(self, start: int) -> list[Event]:
+        """Speech starts at ``start``: the pause before it is heard first (its words open the utterance);
+        but words the last close held are heard with this speech, from where that utterance's buffer began
+        (mfa_falsetto2's VAD heard speech again inside the word the close had cut)."""
+        held = self.last_buffer if self.held else None
+        heard = [] if held else self._hear_pause(start)
+        begin, first = held or (start, len(self.agreement.committed))
+        self.in_speech = True
+        self.buffer_start = max(begin, self.audio_start)
+        self.agreement.first_in_buffer = first
+        self.utterance_from = (self.buffer_start, first)
+        # the VAD pads both ends: speech that starts after the last utterance's unpadded end
+        self.agreement.fresh = begin == start and start >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
+        t = start / SAMPLE_RATE
+        return [Event("speech_started", start=t, end=t, audio_time=self.now), *heard]
+
     def _close(self, end: int, speech_stopped: bool = False) -> list[Event]:
-        """Close the utterance at ``end``: decode it once more and commit the whole hypothesis. Where the VAD
-        closed it, a word heard ending past half the VAD's padding before its end ran on into what it took
-        for silence and may be cut off there: it is held, and heard again with the pause (``_hear_pause``).
-        mfa_falsetto2's close ended inside the falsetto "people" and committed it as "to do that."."""
+        """Close the utterance at ``end``: decode it once more and commit the whole hypothesis, but, where
+        the VAD closed it, the words heard ending past its end (dated 0.3 s after the speech it heard): they
+        ran on into what it took for silence, may be cut off there, and are heard again with what follows
+        (mfa_falsetto2's close committed the falsetto "people" it cut as "to do that.")."""
         events = self._catch_up(end)
-        stopped = (end - getattr(self.vad, "pad", 0) // 2) / SAMPLE_RATE if speech_stopped else None
+        stopped = end / SAMPLE_RATE if speech_stopped else None
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
         last = self._closing_hearing(end) if end - self.buffer_start >= self.min_audio // 5 else None
@@ -275,8 +281,8 @@ class StreamingSession:
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
-        if held:  # the pause is heard from them on
-            self.pause_from = max(int(held[0].start * SAMPLE_RATE), self.audio_start)
+        if held:  # heard again from where the utterance's buffer began (``_open``, ``_pause_buffer``)
+            self.pause_from = self.last_buffer[0]  # before ``closed_at``: ``held``
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.utterance_from = (self.buffer_start, len(self.agreement.committed))
         self.decoded = None
@@ -350,8 +356,7 @@ class StreamingSession:
         if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
             return []
         maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
-        held = start < self.closed_at  # words the close held (``_close``) are heard whatever the VAD says
-        if maybe_speech is not None and not held and not maybe_speech(start, end):
+        if maybe_speech is not None and not self.held and not maybe_speech(start, end):
             self.pause_from, self.last_buffer = end, None  # nothing to hear: no audio kept for it
             return []
         begin = self._pause_buffer(start, end)
