@@ -145,6 +145,21 @@ def test_a_word_held_at_a_close_is_heard_with_the_speech_that_starts_inside_it()
     assert [c for c in calls if c[0] == 0.0 and c[1] > 3.0]  # the second utterance heard from 0 s
 
 
+@pytest.mark.parametrize("compute", [0.0, 1.5])
+def test_speech_the_vad_heard_start_late_is_heard_whole_by_the_utterance(compute):
+    """mfa_falsetto2 at 1.5 s per update: the VAD dated the first speech's start after "I really" had
+    begun; the pause before it, heard up to there, committed " I" and the utterance, from the VAD's
+    start, never heard "really". The pause's words that reach its end are left to the utterance, whose
+    buffer begins after the pause's other words."""
+    words = list(JFK)  # the VAD does not hear "And so my": its start, padded back, falls inside "my"
+    vad = QuietVAD(words, {"And@0.0", "so@0.76", "my@1.04"})
+    events: list = []
+    committed, decoder, _ = stream(words, vad, compute, events)
+    assert [e.start for e in events if e.type == "speech_started"][0] == pytest.approx(1.1, abs=0.01)
+    assert committed == [plain(t) for t, _, _ in words]
+    assert decoder.neither == []
+
+
 def test_a_pause_longer_than_a_window_is_heard_window_by_window():
     # the pause runs from 10.54 s for 66 s; whispered words lie across its first window's end (40.54 s)
     words, whispered = whispered_script(at=39.3, gap_after=38.0)

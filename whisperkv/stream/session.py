@@ -24,10 +24,7 @@ Without a VAD, a stretch of the buffer with no word heard, ``GAP_S`` or longer, 
 a word after it is committed (``_hear_gap``): prompted, the model may hear a whispered sentence as nothing.
 
 ``confident`` (off by default) also commits a word the model was sure of at its first hearing, a chunk
-sooner (``agreement``).
-
-Decoding is behind ``UpdateDecoder`` — in this process (``LocalDecoder``) or through the server's
-scheduler — so the policy does not know where the model runs.
+sooner (``agreement``). Decoding is behind ``UpdateDecoder``: the policy does not know where the model runs.
 """
 
 from __future__ import annotations
@@ -180,11 +177,9 @@ class StreamingSession:
     # -- inside --------------------------------------------------------------------------------------
 
     def _decode(self, end: int, closing: bool = False) -> Hypothesis:
-        """The buffer up to ``end`` heard with the prompt, or without it where the prompt started a loop.
-        A closing decode is committed whole, with no second hearing to agree with, and nothing in it is
-        still being said: there a hypothesis must also pass Whisper's hallucination rule. A prompt ending
-        "Word. Word. Word." made mfa_words' last utterance, 1 s saying "word" once, close as five "Word."s,
-        four of them 0 s long (no loop by the repetition check); heard without it, one."""
+        """The buffer up to ``end`` heard with the prompt, or without it where the prompt started a loop or
+        (a closing decode, committed whole) fails Whisper's hallucination rule: a prompt ending "Word. Word."
+        made mfa_words' last utterance, "word" said once, close as five "Word."s; heard without it, one."""
         end = min(end, self.buffer_start + WINDOW * SAMPLE_RATE)
         audio = self.audio[self.buffer_start - self.audio_start : end - self.audio_start]
         self.decoded = (self.buffer_start, end)
@@ -247,14 +242,16 @@ class StreamingSession:
         but words the last close held are heard with this speech, from where that utterance's buffer began
         (mfa_falsetto2's VAD heard speech again inside the word the close had cut)."""
         held = self.last_buffer if self.held else None
-        heard = [] if held else self._hear_pause(start)
-        begin, first = held or (start, len(self.agreement.committed))
+        heard = [] if held else self._hear_pause(start, speech_follows=True)
+        begin, first = held or (min(start, self.pause_from), len(self.agreement.committed))
         self.in_speech = True
         self.buffer_start = max(begin, self.audio_start)
         self.agreement.first_in_buffer = first
         self.utterance_from = (self.buffer_start, first)
-        # the VAD pads both ends: speech that starts after the last utterance's unpadded end
-        self.agreement.fresh = begin == start and start >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
+        # the VAD pads both ends: speech that starts after the last utterance's unpadded end; and the pause
+        # heard no words (mfa_falsetto2's, before its first speech, heard its first word, " I", again)
+        fresh = begin == start and not heard and start >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
+        self.agreement.fresh = fresh
         t = start / SAMPLE_RATE
         return [Event("speech_started", start=t, end=t, audio_time=self.now), *heard]
 
@@ -285,12 +282,14 @@ class StreamingSession:
             self.pause_from = self.last_buffer[0]  # before ``closed_at``: ``held``
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.utterance_from = (self.buffer_start, len(self.agreement.committed))
-        self.decoded = None
         self.in_speech = self.vad is None
-        release = getattr(self.decoder, "release", None)
-        if release is not None:  # the buffer moved past what the decoder holds: no later update reuses it
-            release()
+        self._moved_on()
         return events
+
+    def _moved_on(self) -> None:
+        """The buffer moved past what the decoder holds (a close, a heard pause): no update reuses it."""
+        self.decoded = None
+        getattr(self.decoder, "release", lambda: None)()
 
     def _closing_hearing(self, end: int) -> Hypothesis:
         """The utterance's last hearing: of all its audio where that fits a window (as offline hears it:
@@ -313,16 +312,14 @@ class StreamingSession:
         30 s window: commit it window by window, each up to its last complete segment, so no audio is lost."""
         events: list[Event] = []
         while end - self.buffer_start > WINDOW * SAMPLE_RATE:
-            window_end = (self.buffer_start + WINDOW * SAMPLE_RATE) / SAMPLE_RATE
-            hypothesis = self._decode(end)  # the first 30 s of the buffer
-            words, cut = hypothesis.window_cut(self.buffer_start / SAMPLE_RATE, window_end)
+            start = self.buffer_start / SAMPLE_RATE
+            words, cut = self._decode(end).window_cut(start, start + WINDOW)  # the buffer's first 30 s
             events += self._commit(self.agreement.flush(words))
             self._cut(int(cut * SAMPLE_RATE))
         return events
 
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
-        """Cut the buffer at the last committed segment end (or sentence end) once it is long; never past
-        30 s."""
+        """Cut the buffer at the last committed segment (or sentence) end once it is long; never past 30 s."""
         events: list[Event] = []
         length = (self.received - self.buffer_start) / SAMPLE_RATE
         start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
@@ -349,11 +346,14 @@ class StreamingSession:
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
 
-    def _hear_pause(self, end: int) -> list[Event]:
+    def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
         """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
-        longer than a window is heard window by window, each cut after its last complete segment."""
+        longer than a window is heard window by window, each cut after its last complete segment. Where
+        speech follows (the VAD's start at ``end`` may come after the speech began), the words reaching
+        ``end`` are left to the utterance: ``pause_from`` is then where they begin (``_open``)."""
         start = self.pause_from
         if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
+            self.pause_from = max(start, end) if speech_follows else start
             return []
         maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
         if maybe_speech is not None and not self.held and not maybe_speech(start, end):
@@ -365,14 +365,14 @@ class StreamingSession:
         heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
         if heard and end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
             heard, cut = hypothesis.window_cut(begin / SAMPLE_RATE, cut)
-        events = self._commit(self.agreement.flush(heard))
+        reaching = speech_follows and bool(heard) and heard[-1].end >= cut - WORD_AT_END_S
+        events = self._commit(self.agreement.flush(heard, before=cut - WORD_AT_END_S if reaching else None))
+        if reaching:  # the pause's audio ends after the words it committed (between words)
+            cut = min(cut, max(self.agreement.last_end, start / SAMPLE_RATE))
         self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
         self.last_buffer = (self.pause_from, len(self.agreement.committed))  # a cut between words
         self.buffer_start = self.closed_at = max(self.pause_from, self.closed_at)
-        self.decoded = None
-        release = getattr(self.decoder, "release", None)
-        if release is not None:
-            release()
+        self._moved_on()
         return events
 
     def _pause_buffer(self, start: int, end: int) -> int:
