@@ -271,10 +271,8 @@ class StreamingSession:
             events += self._commit(self.agreement.flush(last.words, before=stopped))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
-        start, stop = self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE
-        events.append(
-            Event("utterance_end", join_words(self.utterance), start, stop, self.now, self.utterance)
-        )
+        span = (self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE)
+        events.append(Event("utterance_end", join_words(self.utterance), *span, self.now, self.utterance))
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
@@ -353,7 +351,8 @@ class StreamingSession:
         ``end`` are left to the utterance: ``pause_from`` is then where they begin (``_open``)."""
         start = self.pause_from
         if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
-            self.pause_from = max(start, end) if speech_follows else start
+            if speech_follows:  # too short to hear: the utterance begins at its speech (``_open``)
+                self.pause_from = max(start, end)
             return []
         maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
         if maybe_speech is not None and not self.held and not maybe_speech(start, end):
