@@ -265,9 +265,10 @@ class StreamingSession:
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
         last = self._closing_hearing(end) if end - self.buffer_start >= self.min_audio // 5 else None
-        held: list[Word] = []
+        cut_off = False  # words left for a later hearing (aligned again only where the VAD closed it)
         if last is not None and not last.repetitive:
-            held = [w for w in self.agreement.unseen(last.words) if stopped is not None and w.end >= stopped]
+            rest = self.agreement.unseen(last.words) if stopped is not None else []
+            cut_off = any(w.end >= stopped for w in rest)
             events += self._commit(self.agreement.flush(last.words, before=stopped))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
@@ -276,7 +277,7 @@ class StreamingSession:
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
-        if held:  # heard again from where the utterance's buffer began (``_open``, ``_pause_buffer``)
+        if cut_off:  # heard again from where the utterance's buffer began (``_open``, ``_pause_buffer``)
             self.pause_from = self.last_buffer[0]  # before ``closed_at``: ``held``
         self.agreement.first_in_buffer = len(self.agreement.committed)
         self.utterance_from = (self.buffer_start, len(self.agreement.committed))
