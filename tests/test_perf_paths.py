@@ -249,11 +249,12 @@ def test_row_plan_packs_small_groups_and_keeps_large_groups_alone():
     assert plan_rows([5], widths) == ((0, 3, 3), (3, 5, 2))
 
 
-def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
-    """Each decoder matrix: a row's product alone equals the same row among 1..8 other windows' rows,
-    a beam group's rows equal their group alone whatever is around it, and both are within float
-    rounding of the reference ``x @ W.T``."""
-    from whisperkv.cpu.row_gemm import rows_times
+@pytest.mark.parametrize("weight_first", [False, True], ids=["X@W.T", "W@X.T"])
+def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model, weight_first):
+    """Each decoder matrix, in either orientation a CPU's chunks take (Intel's, AMD's): a row's product
+    alone equals the same row among 1..8 other windows' rows, a beam group's rows equal their group
+    alone whatever is around it, and both are within float rounding of the reference ``x @ W.T``."""
+    from whisperkv.cpu.row_gemm import RowWidths, rows_times
 
     decoder = tiny_model.decoder
     block = decoder.blocks[1]
@@ -265,7 +266,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         (decoder.token_embedding.weight.float(), decoder.logits_projection),
     ):
         rows = x[:, : weight.shape[1]].contiguous()
-        widths = linear.widths
+        widths = RowWidths(weight, weight_first)
         solo = [rows_times(weight, rows[i : i + 1], widths)[0] for i in range(9)]
         for n in range(1, 10):
             out = rows_times(weight, rows[:n], widths, [1] * n)
@@ -276,6 +277,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         with_bias = [rows_times(weight, rows[i : i + 1], widths, None, bias)[0] for i in range(9)]
         out = rows_times(weight, rows[:9], widths, [1] * 9, bias)
         assert all(torch.equal(out[i], with_bias[i]) for i in range(9)), tuple(weight.shape)
+        assert (torch.stack(with_bias) - torch.stack(solo) - bias).abs().max() < 1e-4
         beams = rows_times(weight, rows[9:14], widths)  # one window of 5 beams, alone
         for sizes in ([1, 5], [2, 1, 5, 3], [5, 1]):
             mixed = torch.cat([rows[:9][: sum(sizes) - 5], rows[9:14]]) if sizes[-1] != 1 else None
@@ -293,7 +295,7 @@ def test_row_gemm_gives_a_row_the_same_bits_in_any_batch(tiny_model):
         assert (torch.stack(solo) - rows[:9] @ weight.T).abs().max() < 1e-4
         # the module itself takes one-position rows this way, and longer inputs as F.linear does
         bias = getattr(linear, "bias", None)
-        expected = rows_times(weight, rows[:4], widths, None, bias)
+        expected = rows_times(weight, rows[:4], linear.widths, None, bias)
         if getattr(linear, "kernel", None) is not None:  # the projection reads through the steps' kernel
             expected = linear.kernel(rows[:4], linear.weight, None)
         assert torch.equal(linear(rows[:4, None])[:, 0], expected)

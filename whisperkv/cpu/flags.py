@@ -8,16 +8,28 @@ from pathlib import Path
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The ``flags`` line of /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo_field(name: str) -> str:
+    """The first ``name`` line's value in /proc/cpuinfo ("" where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.split(":", 1)[0].strip() == name:
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` line of /proc/cpuinfo (empty where there is none)."""
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... ("" where /proc/cpuinfo does not say): Intel's MKL, PyTorch's
+    BLAS, reads a matrix fastest in another orientation on another maker's CPU (``cpu/row_gemm.py``)."""
+    return _cpuinfo_field("vendor_id")
 
 
 def cpu_has_vnni() -> bool:

@@ -7,11 +7,16 @@ decoder linear is (``RowGemmLinear``: prompts and the encoder-side shapes still 
 
 A decoder step multiplies a few rows (one per beam, per request) by every weight matrix of the decoder
 and by the 51,864-token vocabulary table: a memory-bound product whose speed depends on how the BLAS
-reads the matrix. Each chunk of rows X is one ``X @ W.T`` GEMM (MKL's product with the row-major weight
-transposed). Measured on a 2-core Xeon with AMX (MKL 2024.2, float32, 2 threads, scratch): tiny.en's
-vocabulary table 1.8 ms for 2 rows, where ``W @ X.T`` (this module's product until session 66, faster
-on an earlier CPU) took 4.2 ms; a 1536 x 384 linear 15 against 71 us; tiny.en without a C compiler
-transcribed the utterances in 4.8 s against 7.8 (the same text).
+reads the matrix, and MKL reads it fastest one way on Intel's CPUs and the other on AMD's, so each chunk
+of rows X is one GEMM in the orientation of this CPU's maker (``cpu_weight_first``, fixed per machine: never
+chosen by a timing, so every process computes the same bits):
+* ``X @ W.T`` (the row-major weight transposed) on Intel: on a 2-core Xeon with AMX (MKL 2024.2,
+  float32, 2 threads, scratch) tiny.en's vocabulary table 1.8 ms for 2 rows against 4.2 ms as
+  ``W @ X.T``; a 1536 x 384 linear 15 against 71 us; the utterances without a C compiler 4.8 s
+  against 7.8 (the same text);
+* ``W @ X.T`` (then transposed back, contiguous) elsewhere: on a 2-core AMD EPYC Zen 1 the vocabulary
+  table 5.8 ms for 2 rows against 16.0 as ``X @ W.T`` (7.2 against 23.2 for 5 rows), the decoder's
+  linears 0.9-1.3x as long for 2-3 rows, 0.6-0.8x for 5 (scratch; the whole run: RESULTS, session 70).
 
 Batching must not change a row's numbers (a server's request gets the transcript it gets alone), and
 MKL picks its kernel by the number of rows: one row is a GEMV, 2–3 rows give a row one set of bits,
@@ -33,6 +38,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from whisperkv.cpu.flags import cpu_vendor
 
 #: the two width classes: chunks of these widths give a row the same bits within a class (MKL, AVX-512)
 SMALL = (3, 2)
@@ -60,25 +67,33 @@ def group_widths(n: int) -> list[int]:
     return [base + 1] * extra + [base] * (parts - extra)
 
 
-def same_bits(weight: torch.Tensor, widths: tuple[int, ...]) -> bool:
-    """Whether a row gets the same bits from ``weight`` in a chunk of each width (one product each)."""
+def same_bits(weight: torch.Tensor, widths: tuple[int, ...], weight_first: bool = False) -> bool:
+    """Whether a row gets the same bits from ``weight`` in a chunk of each width (one product each),
+    multiplied as ``W @ X.T`` where ``weight_first``, else ``X @ W.T``."""
     if len(widths) < 2:
         return True
     row = torch.linspace(-1.0, 1.0, weight.shape[1], dtype=weight.dtype)
     firsts = []
     for width in widths:
         chunk = torch.stack([row, *[row.flip(0) * (i + 2) for i in range(width - 1)]])
-        firsts.append(_chunk(weight, chunk, width, None)[0])
+        firsts.append(_chunk(weight, chunk, width, None, weight_first)[0])
     return all(torch.equal(firsts[0], f) for f in firsts[1:])
 
 
-class RowWidths:
-    """Which chunk widths keep a row's bits for one matrix, measured on it once."""
+def cpu_weight_first() -> bool:
+    """Whether this CPU's chunks are ``W @ X.T`` (AMD's, other makers') rather than ``X @ W.T`` (Intel's)."""
+    return cpu_vendor() != "GenuineIntel"
 
-    def __init__(self, weight: torch.Tensor) -> None:
+
+class RowWidths:
+    """Which chunk widths keep a row's bits for one matrix, measured on it once, and the orientation its
+    chunks are multiplied in (``weight_first``; None: this CPU's)."""
+
+    def __init__(self, weight: torch.Tensor, weight_first: bool | None = None) -> None:
         cpu = weight.device.type == "cpu"
-        self.small = SMALL if not cpu or same_bits(weight, SMALL) else (2,)
-        self.large = not cpu or same_bits(weight, LARGE)
+        self.weight_first = cpu_weight_first() if weight_first is None else weight_first
+        self.small = SMALL if not cpu or same_bits(weight, SMALL, self.weight_first) else (2,)
+        self.large = not cpu or same_bits(weight, LARGE, self.weight_first)
 
 
 def plan_rows(sizes: list[int], widths: RowWidths) -> tuple[tuple[int, int, int], ...]:
@@ -125,19 +140,25 @@ def rows_times(
     chunk."""
     n = rows.shape[0]
     plan = plan_rows(sizes if sizes is not None else [n], widths)
+    first = widths.weight_first
     if len(plan) == 1:  # the common step: one window, or windows that fit one chunk
-        return _chunk(weight, rows, plan[0][2], bias)[:n]
+        return _chunk(weight, rows, plan[0][2], bias, first)[:n]
     out = rows.new_empty(n, weight.shape[0])
     for start, stop, width in plan:
-        out[start:stop] = _chunk(weight, rows[start:stop], width, bias)[: stop - start]
+        out[start:stop] = _chunk(weight, rows[start:stop], width, bias, first)[: stop - start]
     return out
 
 
-def _chunk(weight: torch.Tensor, rows: torch.Tensor, width: int, bias: torch.Tensor | None) -> torch.Tensor:
+def _chunk(
+    weight: torch.Tensor, rows: torch.Tensor, width: int, bias: torch.Tensor | None, weight_first: bool
+) -> torch.Tensor:
     """One GEMM of exactly ``width`` rows (zero rows pad a short chunk): [width, out], contiguous (an
     elementwise op after it, GELU, then runs one loop whatever the batch, so a row keeps its bits)."""
     if rows.shape[0] < width:
         rows = F.pad(rows, (0, 0, 0, width - rows.shape[0]))
+    if weight_first:
+        product = torch.mm(weight, rows.T) if bias is None else torch.addmm(bias[:, None], weight, rows.T)
+        return product.T.contiguous()
     if bias is None:
         return torch.mm(rows, weight.T)
     return torch.addmm(bias, rows, weight.T)
