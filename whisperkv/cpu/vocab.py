@@ -14,11 +14,11 @@ same bits:
   library, through the step's linears kernel (``cpu/step_rows.py``: each logit one fixed-order dot
   product; a beam-5 window's 5 rows 2.7 against MKL's 6.5 ms for tiny.en's table, one row 2.5
   against 2.4, in a replayed step (scratch)); otherwise
-  ``X @ E.T`` with X cut into chunks of
-  2–3 rows, or of one beam group's 4–10 rows (``cpu/row_gemm.py``). MKL runs a product of 2 or more
-  rows as a GEMM that reads the table at memory speed (2 rows 1.8 ms on a Xeon with AMX, where
-  ``E @ X.T`` took 4.2), and a row's bits never depend on rows of other windows — so a row batched with
-  other requests' rows equals its solo run (checked when the projection is built);
+  GEMMs of X cut into chunks of 2–3 rows, or of one beam group's 4–10 rows (``cpu/row_gemm.py``), each
+  ``X @ E.T`` on Intel and ``E @ X.T`` elsewhere, the way MKL reads the table at memory speed there
+  (2 rows 1.8 ms against 4.2 on a Xeon with AMX; 5.8 against 16.0 on an AMD EPYC Zen 1), and a row's bits
+  never depend on rows of other windows — so a row batched with other requests' rows equals its solo run
+  (checked when the projection is built);
 * ``columns``     — E stored column-major (the same values as a [V, d] view of a [d, V] buffer), so
   ``x @ E.T`` reads a contiguous [d, V] matrix;
 * ``rows-numpy``  — E row-major, one-row products through NumPy (``E @ x``, OpenBLAS GEMV).
