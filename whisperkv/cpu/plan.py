@@ -78,7 +78,8 @@ class CpuStepPlan:
         return rows.through(hidden, down, residual=x).view(b, t, d)
 
     def step(self, decoder: TextDecoder, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor | None:
-        """A lone cache's whole step in one C call (``cpu/decoder_step.py``), where it takes it."""
+        """A lone cache's whole step in one C call (``cpu/decoder_step.py``), where it takes it; without
+        the step kernels, through the row GEMMs in one Python function (``cpu/gemm_step.py``)."""
         whole = getattr(decoder, "decoder_step", None)
         return None if whole is None else whole.logits(decoder, tokens, cache)
 

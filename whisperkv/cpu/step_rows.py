@@ -33,6 +33,7 @@ from torch import nn
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.block_step import use_block_step
 from whisperkv.cpu.decoder_step import load_decoder_step
+from whisperkv.cpu.gemm_step import RowGemmStep
 from whisperkv.cpu.vocab import ChunkedRowProjection
 
 LANES = 16  # the input width must be a multiple of it (LANES in rows_f32.c)
@@ -199,7 +200,8 @@ def use_step_rows(decoder: nn.Module, on: bool = True) -> StepRowsKernel | None:
     for block in decoder.blocks:
         block.step_rows = kernel
     use_block_step(decoder, on=kernel is not None)  # a lone window's step: a block in one call
-    decoder.decoder_step = load_decoder_step() if kernel is not None else None  # ... and the whole step
+    # ... and the whole step: in one C call, or (the row GEMMs) in one Python function, its twin's bits
+    decoder.decoder_step = load_decoder_step() if kernel is not None else RowGemmStep()
     _store_linears(decoder, half=kernel is not None)
     projection = decoder.logits_projection
     if isinstance(projection, ChunkedRowProjection):  # the rows-gemm vocabulary: the same kernel, or GEMMs
