@@ -42,47 +42,47 @@ class WhisperKV(Engine):
         self.name = f"whisperkv {compute_type}{mode} [{plan or 'sdpa'}]"
         self.batched, self.vad = batched, vad
         self._steps = [0, 0.0]  # decoder steps (one new token for every row of a window) and their seconds
+        #: inside a timed call: a call nested in it (the vocabulary inside a step) is not counted again
+        self._inside = [False]
         forward, forward_rows = self.model.decoder.forward, self.model.decoder.forward_rows
+        timed = self._timed
 
         def timed_forward(tokens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-            start = time.perf_counter()
-            out = forward(tokens, *args, **kwargs)
-            if tokens.shape[-1] == 1:  # a step of the batched mode's loop (the prompt is not a step)
-                self._steps[0] += 1
-                self._steps[1] += time.perf_counter() - start
-            return out
-
-        def timed_forward_rows(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the engine's step
-            start = time.perf_counter()
-            out = forward_rows(*args, **kwargs)
-            self._steps[0] += 1
-            self._steps[1] += time.perf_counter() - start
-            return out
+            # a step of the batched mode's loop; a prompt is not a step (nor is its vocabulary row)
+            step = True if tokens.shape[-1] == 1 else None
+            return timed(forward, step)(tokens, *args, **kwargs)
 
         self.model.decoder.forward = timed_forward
-        self.model.decoder.forward_rows = timed_forward_rows
-        # the engine's step goes on after forward_rows: the vocabulary and the token choice, timed as
-        # part of it
+        self.model.decoder.forward_rows = timed(forward_rows, True)  # the engine's step
+        # the engine's step goes on after forward_rows: the token choice (and, in checkouts whose
+        # forward_rows returned rows, the vocabulary), timed as part of it
         self._time_engine_vocabulary()
+
+    def _timed(self, call, step: bool | None = False):  # noqa: ANN001, ANN202
+        """``call`` timed: a step (``step`` True: one more, and its seconds), a part of one (False: its
+        seconds), or neither (None: not a step's time). A call nested in a timed one is not timed
+        again: the vocabulary inside ``forward_rows`` counts once, inside a prompt's not at all."""
+        steps, inside = self._steps, self._inside
+
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if inside[0]:
+                return call(*args, **kwargs)
+            inside[0] = True
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                inside[0] = False
+                if step is not None:
+                    steps[0] += int(step)
+                    steps[1] += time.perf_counter() - start
+
+        return run
 
     def _time_engine_vocabulary(self) -> None:
         from whisperkv.decoding.window import WindowDecode
 
-        steps, inside = self._steps, [False]
-
-        def timed(call):  # noqa: ANN001, ANN202 - adds a call's seconds once (not again when nested)
-            def run(*args):  # noqa: ANN002, ANN202
-                if inside[0]:
-                    return call(*args)
-                inside[0] = True
-                start = time.perf_counter()
-                try:
-                    return call(*args)
-                finally:
-                    steps[1] += time.perf_counter() - start
-                    inside[0] = False
-
-            return run
+        timed = self._timed
 
         class TimedWindow(WindowDecode):
             def advance(self, logits):  # noqa: ANN001, ANN202
