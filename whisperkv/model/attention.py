@@ -70,8 +70,8 @@ class MultiHeadAttention(nn.Module):
 
     def qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The query|key|value weights as one [3d, d] matrix and their biases as one vector (the key has
-        no bias: zeros there), new tensors: what ``fuse_qkv`` and the int8 draft (``cpu/draft.py``)
-        build their one projection from."""
+        no bias: zeros there), new tensors: what ``fuse_qkv`` and the encoder's AMX tiles
+        (``cpu/tiled_linear.py``) build their one projection from."""
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach()
         bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias]).detach()
         return weight, bias
