@@ -267,13 +267,15 @@ def test_the_attention_in_use_is_part_of_the_weights_digest(int8_model, tiny_mod
         use_attention_kernels(int8_model)
     assert int8_model.weights_digest == own
     float32 = tiny_model.weights_digest
-    rows = ", linears kernel, final norm kernel" if cpu_has_vector_rows() else ""  # where it is the faster
+    # where it is the faster; a float32 prompt of 32 positions or more through PyTorch's linears
+    rows = ", linears kernel, final norm kernel, long prompts pytorch" if cpu_has_vector_rows() else ""
     assert float32.endswith(f"+attention(decoder kernel{rows}, encoder sdpa)")
     assert float32.count("+attention(") == 1
     try:
         use_attention_kernels(tiny_model, rows=True)  # asked for: the linears kernel on any CPU
         assert tiny_model.weights_digest.endswith(
-            "+attention(decoder kernel, linears kernel, final norm kernel, encoder sdpa)"
+            "+attention(decoder kernel, linears kernel, final norm kernel, long prompts pytorch, "
+            "encoder sdpa)"
         )
         use_attention_kernels(tiny_model, rows=False)  # the step's linears through the row GEMMs
         assert tiny_model.weights_digest.endswith("+attention(decoder kernel, encoder sdpa)")

@@ -26,7 +26,7 @@ from whisperkv.cpu.int8_encoder import Bfloat16Front, Int8EncoderBlock
 from whisperkv.cpu.int8_step import Int8StepRows, load_int8_step_rows
 from whisperkv.cpu.int8_tiles import EncoderBlockInt8Tiles
 from whisperkv.cpu.int16_attention import Int16EncoderAttention
-from whisperkv.cpu.step_rows import use_step_rows
+from whisperkv.cpu.step_rows import StepRowsKernel, use_step_rows
 from whisperkv.cpu.tiled_attention import TiledEncoderAttention
 from whisperkv.cpu.tiled_linear import EncoderBlockTiles, EncoderFrontTiles, TiledEncoderLinear
 from whisperkv.cpu.vocab import ChunkedRowProjection
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
 
 ATTENTION_MARK = "+attention("  # which attention made a model's numbers, in its weights digest
+#: positions per row from which a float32 prompt's linears are PyTorch's (MKL's GEMMs), not the rows
+#: kernel's: fixed, never timed, so a prompt's numbers depend only on its length
+PROMPT_POSITIONS = 32
 
 
 class CpuStepPlan:
@@ -56,10 +59,15 @@ class CpuStepPlan:
         cross_kvs: list[CrossKV],
     ) -> torch.Tensor | None:
         """``forward_rows`` with six C calls for the linears, each over all B x T positions as rows (or
-        one call for the whole block, where a lone cache's step takes it)."""
+        one call for the whole block, where a lone cache's step takes it). A float32 prompt of
+        ``PROMPT_POSITIONS`` or more is declined: its rows are a GEMM's work, which MKL does faster than
+        the rows kernel's dot products (tiny.en, 2-core AMD EPYC Zen 1, a prompt of 225 tokens: 53
+        against 90 ms; 32: 19 against 23; 16: 15 against 14; scratch, session 71)."""
         rows = getattr(block, "step_rows", None)
         if rows is None or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
+        if x.shape[1] >= PROMPT_POSITIONS and isinstance(rows, StepRowsKernel):
+            return None  # DecoderBlock.forward: PyTorch's linears, as the uncached twin's
         step = getattr(block, "block_step", None)
         if step is not None and step.takes(block, x, sizes, self_kvs[0], cross_kvs[0]):
             return step(block, x, self_kvs[0], cross_kvs[0])  # the same calls, from C
@@ -155,7 +163,8 @@ def use_attention_kernels(
     AVX2 EPYC, tiny.en, an engine step of one row: 62 ms through the plain loops, 9.1 ms through the
     row GEMMs, 3.4 ms through the AVX2 path; ``benchmarks/profile_step.py``).
     The digest names it too ("linears kernel"; "final norm kernel": the LayerNorm before the vocabulary
-    is the kernel's too, ``TextDecoder._logits``)."""
+    is the kernel's too, ``TextDecoder._logits``; "long prompts pytorch": a prompt of ``PROMPT_POSITIONS``
+    or more is PyTorch's, ``CpuStepPlan.block``)."""
     int8, bf16 = model.compute_type == "int8", model.compute_type == "bfloat16"
     approx = int8 or bf16  # the approximate types (``cpu/quantize.py``, ``cpu/bfloat16.py``)
     if not approx and (model.device.type != "cpu" or model.dtype != torch.float32):
@@ -183,6 +192,8 @@ def use_attention_kernels(
     decoder = ("kernel, bfloat16 caches" if caches else "kernel") if kernel else "sdpa"
     # the step kernel's final LayerNorm is its own (round 21; PyTorch's before): other numbers
     decoder += ", linears kernel, final norm kernel" if step_rows is not None else ""
+    # a float32 prompt of PROMPT_POSITIONS or more: PyTorch's linears (session 71; the kernel's before)
+    decoder += ", long prompts pytorch" if isinstance(step_rows, StepRowsKernel) else ""
     model.__dict__["weights_digest"] = f"{digest}{ATTENTION_MARK}decoder {decoder}, encoder {encoder})"
 
 
