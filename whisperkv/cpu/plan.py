@@ -61,8 +61,8 @@ class CpuStepPlan:
         """``forward_rows`` with six C calls for the linears, each over all B x T positions as rows (or
         one call for the whole block, where a lone cache's step takes it). A float32 prompt of
         ``PROMPT_POSITIONS`` or more is declined: its rows are a GEMM's work, which MKL does faster than
-        the rows kernel's dot products (tiny.en, 2-core AMD EPYC Zen 1, a prompt of 225 tokens: 53
-        against 90 ms; 32: 19 against 23; 16: 15 against 14; scratch, session 71)."""
+        the rows kernel's dot products (tiny.en, 2-core AMD EPYC Zen 1, ``benchmarks/prompt_rows.py``: a
+        prompt of 225 tokens 68 against 118 ms, 32 tokens 18 against 19, 16 tokens 14 against 12)."""
         rows = getattr(block, "step_rows", None)
         if rows is None or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
