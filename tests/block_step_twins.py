@@ -59,3 +59,18 @@ def assert_one_call_per_block_is_the_twin(
     assert len(calls) == steps * len(decoder.blocks)
     assert torch.equal(fused[0], twin[0])
     assert all(torch.equal(a, b) for a, b in zip(fused[1], twin[1], strict=True))
+
+
+def count_taken(monkeypatch, step_class) -> list[bool]:  # noqa: ANN001
+    """Whether each call of ``step_class.logits`` (a whole step's fast path) computed the step, in call
+    order (it returns None where it leaves the step to its twin)."""
+    taken = []
+    logits = step_class.logits
+
+    def counted(self, *args):  # noqa: ANN001, ANN002, ANN202
+        out = logits(self, *args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(step_class, "logits", counted)
+    return taken

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import whisperkv
-from tests.block_step_twins import PROMPT, cross_kv_of, decode_steps
+from tests.block_step_twins import PROMPT, count_taken, cross_kv_of, decode_steps
 from whisperkv.cpu.attend import load_kernel
 from whisperkv.cpu.decoder_step import DecoderStep
 from whisperkv.cpu.int8_decoder_step import Int8DecoderStep
@@ -35,16 +35,7 @@ def stepped(request, speech_dir):
 @pytest.fixture
 def taken(monkeypatch):
     """How many steps ``DecoderStep`` computed (it returns None where it does not take them)."""
-    count = []
-    logits = DecoderStep.logits
-
-    def counted(self, *args):  # noqa: ANN001, ANN002, ANN202
-        out = logits(self, *args)
-        count.append(out is not None)
-        return out
-
-    monkeypatch.setattr(DecoderStep, "logits", counted)
-    return count
+    return count_taken(monkeypatch, DecoderStep)
 
 
 def _twin(decoder, cross, rows: int, steps: int, monkeypatch):  # noqa: ANN001, ANN202

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import whisperkv
-from tests.block_step_twins import PROMPT, cross_kv_of, decode_steps
+from tests.block_step_twins import PROMPT, count_taken, cross_kv_of, decode_steps
 from whisperkv.cpu.gemm_step import RowGemmStep
 from whisperkv.cpu.plan import use_attention_kernels
 
@@ -29,16 +29,7 @@ def gemm_model(request):
 @pytest.fixture
 def taken(monkeypatch):
     """Whether each call of ``RowGemmStep.logits`` computed the step (None: left to the twin)."""
-    count = []
-    logits = RowGemmStep.logits
-
-    def counted(self, *args):  # noqa: ANN001, ANN002, ANN202
-        out = logits(self, *args)
-        count.append(out is not None)
-        return out
-
-    monkeypatch.setattr(RowGemmStep, "logits", counted)
-    return count
+    return count_taken(monkeypatch, RowGemmStep)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5, 12])  # 12: one group cut into two chunks of six
