@@ -107,9 +107,9 @@ class Bf16BlockStep(BlockStep):
         return (load_bf16_block_step, ())
 
     def _make(self, block: DecoderBlock) -> tuple[ctypes.Structure | None, list[torch.Tensor]]:
-        attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
+        attn = block.attn
         norms = [block.attn_ln, block.cross_attn_ln, block.mlp_ln]
-        layers = [attn.qkv, attn.out, cross.query, cross.out, up, down]
+        layers = list(block.step_linears())
         d = attn.n_head * HEAD
         if not all(Bf16StepRows.takes(layer) for layer in layers) or layers[1].in_features != d:
             return None, []
@@ -213,8 +213,7 @@ def use_bf16_step(decoder: TextDecoder, on: bool = True) -> Bf16StepRows | None:
     rows = load_bf16_step_rows() if on else None
     if rows is not None:
         for block in decoder.blocks:
-            attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
-            if not all(rows.takes(layer) for layer in (attn.qkv, attn.out, cross.query, cross.out, up, down)):
+            if not all(rows.takes(layer) for layer in block.step_linears()):
                 rows = None
                 break
     step = load_bf16_block_step() if rows is not None else None

@@ -44,9 +44,8 @@ class BlockParameters(ctypes.Structure):
 
 def _tensors(block: DecoderBlock) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
     """(LayerNorm weights and biases, linear weights then biases, LayerNorm eps) in the struct's order."""
-    attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
     norms = [block.attn_ln, block.cross_attn_ln, block.mlp_ln]
-    layers = [attn.qkv, attn.out, cross.query, cross.out, up, down]
+    layers = list(block.step_linears())
     return (
         [t for norm in norms for t in (norm.weight, norm.bias)],
         [layer.weight for layer in layers] + [layer.bias for layer in layers],

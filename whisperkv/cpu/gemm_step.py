@@ -55,10 +55,9 @@ class RowGemmStep:
 def takes(decoder: TextDecoder) -> bool:
     """Whether every linear of the decoder's steps is a float32 row GEMM on the CPU (no kernel's)."""
     for block in decoder.blocks:
-        if getattr(block, "step_rows", None) is not None or not isinstance(block.attn.qkv, FusedRowGemm):
+        if getattr(block, "step_rows", None) is not None:
             return False
-        layers = (block.attn.qkv, block.attn.out, block.cross_attn.query, block.cross_attn.out)
-        for layer in (*layers, block.mlp[0], block.mlp[2]):
+        for layer in block.step_linears():  # an unfused query|key|value (None) is not taken
             if not isinstance(layer, (FusedRowGemm, RowGemmLinear)):
                 return False
             if layer.weight.dtype != torch.float32 or not layer.weight.is_cpu:

@@ -117,8 +117,7 @@ def use_int8_step(decoder: TextDecoder, on: bool = True) -> Int8StepRows | None:
     rows = load_int8_step_rows() if on else None
     if rows is not None:
         for block in decoder.blocks:
-            attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
-            if not all(rows.takes(layer) for layer in (attn.qkv, attn.out, cross.query, cross.out, up, down)):
+            if not all(rows.takes(layer) for layer in block.step_linears()):
                 rows = None
                 break
     step = load_int8_block_step() if rows is not None else None

@@ -109,10 +109,8 @@ class Int8BlockStep(BlockStep):
         return (load_int8_block_step, ())
 
     def _make(self, block: DecoderBlock) -> tuple[ctypes.Structure | None, list[torch.Tensor]]:
-        attn, cross, (up, _, down) = block.attn, block.cross_attn, block.mlp
         norms = [block.attn_ln, block.cross_attn_ln, block.mlp_ln]
-        layers = [attn.qkv, attn.out, cross.query, cross.out, up, down]
-        return int8_block_parameters(norms, layers, attn.n_head)
+        return int8_block_parameters(norms, list(block.step_linears()), block.attn.n_head)
 
 
 def int8_block_parameters(

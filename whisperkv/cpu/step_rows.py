@@ -216,9 +216,7 @@ def _kernel_for(decoder: nn.Module) -> StepRowsKernel | None:
     if kernel is None:
         return None
     for block in decoder.blocks:
-        attn, cross = block.attn, block.cross_attn
-        weights = [getattr(attn.qkv, "weight", None), attn.out.weight, cross.query.weight, cross.out.weight]
-        weights += [block.mlp[0].weight, block.mlp[2].weight]
+        weights = [getattr(layer, "weight", None) for layer in block.step_linears()]
         if not all(w is not None and kernel.takes(w) for w in weights):
             return None
     return kernel
@@ -240,8 +238,8 @@ def _store_linears(decoder: nn.Module, half: bool) -> None:
     float16, else in float32. The fused query|key|value matrix keeps the three layers as views of it
     (``MultiHeadAttention.fuse_qkv``): no weight is held twice."""
     for block in decoder.blocks:
-        attn, cross = block.attn, block.cross_attn
-        for layer in (attn.qkv, attn.out, cross.query, cross.out, block.mlp[0], block.mlp[2]):
+        attn = block.attn
+        for layer in block.step_linears():
             stored = _restored(layer.weight, half)
             if stored is None:
                 continue

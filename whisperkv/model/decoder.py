@@ -118,6 +118,13 @@ class DecoderBlock(nn.Module):
             start += size
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    def step_linears(self) -> tuple:
+        """The six products a decoder step makes, in order: the fused query|key|value (None until
+        ``MultiHeadAttention.fuse_qkv``), self-attention's output, cross-attention's query and output,
+        the MLP's two. What a backend routes or stores for the steps (``cpu/step_rows.py``)."""
+        attn, cross = self.attn, self.cross_attn
+        return (attn.qkv, attn.out, cross.query, cross.out, self.mlp[0], self.mlp[2])
+
     def forward_uncached(self, x: torch.Tensor, audio_features: torch.Tensor) -> torch.Tensor:
         h = self.attn_ln(x)
         k, v = self.attn.project_kv(h)
