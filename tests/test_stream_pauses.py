@@ -207,3 +207,18 @@ def test_the_falsetto_clip_has_no_words_the_close_made_of_a_cut_off_one(tiny_mod
         pass
     committed = normalize_text(session.committed_text()).split()
     assert "that" not in committed and committed[-2:] == ["like", "this"]
+
+
+def test_a_word_before_one_cut_off_at_the_end_of_the_audio_is_not_final_at_once(tiny_model):
+    """ls_61-70968-0000 ("he began a confused complaint ..."), no VAD, 0.1 s per update: the first
+    second was heard as "He began to confuse.", and ``--confident`` committed "to" at that hearing ("to"
+    sure, a word after it heard), though that word was cut off at the end of the audio. Every later
+    hearing read "a confused"; the stream said "began to confused"."""
+    from whisperkv.stream.local_decoder import LocalDecoder
+
+    audio = load_audio(SPEECH / "en" / "ls_61-70968-0000.flac")
+    session = StreamingSession(LocalDecoder(tiny_model), vad=None, confident=0.5)
+    for _ in run_stream(Samples(audio), session, SimulatedClock(0.1), 1.0):
+        pass
+    said = normalize_text(session.committed_text()).split()
+    assert said[:5] == ["he", "began", "a", "confused", "complaint"]

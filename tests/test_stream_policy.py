@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import torch_threads
-from whisperkv.stream.agreement import CONFIDENT_MARGIN_S, LocalAgreement
+from whisperkv.stream.agreement import CONFIDENT_MARGIN_S, SURE_BEFORE_CUT, LocalAgreement
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
@@ -74,12 +74,29 @@ def test_a_confident_word_is_committed_at_its_first_hearing_and_only_then():
 def test_a_confident_word_ending_within_the_margin_of_the_audio_heard_waits():
     """A sure word with a word after it heard is final at its first hearing only if it ends at least
     ``CONFIDENT_MARGIN_S`` before the audio decoded: nearer the end it may still be being said."""
-    cat_end = words("the cat sat")[1].end  # 0.9 s; "sat" follows it
-    early = LocalAgreement(confident=0.5)
-    got = early.update(sure("the cat sat", [0.9] * 3), heard_end=cat_end + CONFIDENT_MARGIN_S - 0.01)
-    assert [w.text for w in got] == [" the"]
-    in_time = LocalAgreement(confident=0.5)
-    got = in_time.update(sure("the cat sat", [0.9] * 3), heard_end=cat_end + CONFIDENT_MARGIN_S)
+    cat = [Word(" the", 0.0, 0.4, 0.9), Word(" cat", 0.5, 0.9, 0.9), Word(" sat", 0.6, 0.7, 0.9)]
+    got = LocalAgreement(confident=0.5).update(cat, heard_end=0.9 + CONFIDENT_MARGIN_S - 0.01)
+    assert [w.text for w in got] == [" the"]  # "sat" (dated inside "cat") is heard whole; "cat" is not
+    got = LocalAgreement(confident=0.5).update(cat, heard_end=0.9 + CONFIDENT_MARGIN_S)
+    assert [w.text for w in got] == [" the", " cat"]
+
+
+def test_a_word_before_one_that_reaches_the_audios_end_needs_to_be_surer():
+    """Where the word after a sure word reaches the end of the audio heard (cut off, perhaps), the word
+    is final at its first hearing only at ``SURE_BEFORE_CUT``: 1 s of "comparatively" was heard as
+    "compared to...", and "compared" (0.69) committed; "began a confused" as "began to confuse.", and
+    "to" (0.61) committed."""
+    sat_end = words("the cat sat")[2].end  # 1.4 s: "the" 0-0.4, "cat" 0.5-0.9, "sat" 1.0-1.4
+    cut_off = sat_end + CONFIDENT_MARGIN_S - 0.01  # "sat" reaches the end of what was heard
+    got = LocalAgreement(confident=0.5).update(sure("the cat sat", [0.9, 0.7, 0.9]), heard_end=cut_off)
+    assert [w.text for w in got] == [" the"]  # "cat" at 0.7 waits
+    surer = sure("the cat sat", [0.9, SURE_BEFORE_CUT, 0.9])
+    assert [w.text for w in LocalAgreement(confident=0.5).update(surer, heard_end=cut_off)] == [
+        " the",
+        " cat",
+    ]
+    # "sat" heard whole: 0.7 is enough for "cat", as the confident threshold says
+    got = LocalAgreement(confident=0.5).update(sure("the cat sat", [0.9, 0.7, 0.9]), heard_end=sat_end + 0.1)
     assert [w.text for w in got] == [" the", " cat"]
 
 

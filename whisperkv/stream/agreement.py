@@ -15,7 +15,8 @@ With ``confident`` set, a word is also final at its first hearing when the model
 probability (and the punctuation attached to it: "country." is only as sure as its full stop), it ends
 ``CONFIDENT_MARGIN_S`` before the audio decoded (a word reaching the end may still be being said) and a
 word after it was heard too (what follows decides its punctuation, "country" or "country."; and a run
-the model invents at the end of the audio is not taken word by word) and it does not repeat the word
+the model invents at the end of the audio is not taken word by word; where that word reaches the end
+itself, ``SURE_BEFORE_CUT`` is asked of the one before it) and it does not repeat the word
 before it (repeats are where the model loops), as are the words before it: its latency is then what is
 left of the chunk after it, not a chunk more. Off by default.
 
@@ -43,6 +44,8 @@ COUNT_SLACK = 0.4
 SEARCH = 2
 #: a word committed at its first hearing ends at least this long before the audio decoded (seconds)
 CONFIDENT_MARGIN_S = 0.1
+#: a word followed only by one that reaches the audio's end is final at its first hearing at this probability
+SURE_BEFORE_CUT = 0.8
 #: where two hearings that part may meet again: (words of the new one, words of the previous one) between
 #: the parting and the next word they share, narrowest first
 RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda nb: (max(nb), sum(nb)))
@@ -145,13 +148,21 @@ class LocalAgreement:
         return n
 
     def _sure_at_once(self, new: list[Word], i: int, heard_end: float | None) -> bool:
-        """Whether ``new[i]`` is final without a second hearing (``confident``; the caller checks that a
-        word after it was heard). A word that repeats the one before it waits for the second hearing:
-        repeats are where the model loops and where a re-hearing is hardest to tell from a new word
-        (mfa_words' "word. Word. Word." committed at once made a prompt of repeats, and the next
-        utterance was heard as six "Word."s: eleven "word"s in all where the clip says seven)."""
+        """Whether ``new[i]`` is final without a second hearing (``confident``). A word after it must
+        have been heard; where that one reaches the audio's end (ends within ``CONFIDENT_MARGIN_S`` of
+        it: cut off, perhaps), the word needs ``SURE_BEFORE_CUT`` — what little was heard after it says
+        little of where it ends: "compared" (0.69) then "to..." at the end of 1 s of "comparatively",
+        "began to" (0.61) then "confuse." for "began a confused". A word that repeats the
+        one before it waits for the second hearing: repeats are where the model loops and where a
+        re-hearing is hardest to tell from a new word (mfa_words' "word. Word. Word." committed at once
+        made a prompt of repeats, and the next utterance was heard as six "Word."s: eleven "word"s in
+        all where the clip says seven)."""
         word = new[i]
         if self.confident is None or heard_end is None or word.probability is None:
+            return False
+        if i + 1 >= len(new):
+            return False
+        if new[i + 1].end > heard_end - CONFIDENT_MARGIN_S and word.probability < SURE_BEFORE_CUT:
             return False
         before = new[i - 1] if i else (self.committed[-1] if self.committed else None)
         if before is not None and same_word(before, word):
@@ -201,7 +212,7 @@ class LocalAgreement:
             final += 1
         settled = final
         if final == agreed:  # no word heard twice waits for a third hearing before these
-            while final + 1 < len(new) and needed[final] == 2 and self._sure_at_once(new, final, heard_end):
+            while final < len(new) and needed[final] == 2 and self._sure_at_once(new, final, heard_end):
                 final += 1
         commit = self._extend(new[:final])
         self.previous = list(new[final:])

@@ -54,7 +54,8 @@ def add_parser(sub) -> None:
         metavar="P",
         help="also commit a word at its first hearing when its probability (and its punctuation's) is "
         "at least P, it ends "
-        "0.1 s before the audio heard, a word after it was heard and it does not repeat the word before "
+        "0.1 s before the audio heard, a word after it was heard (0.8 asked where that one reaches "
+        "the audio's end) and it does not repeat the word before "
         "it (lower latency; default: only when two updates agree)",
     )
     p.add_argument("--no_vad", action="store_true", help="no voice activity detection: one utterance")
