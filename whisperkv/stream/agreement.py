@@ -152,11 +152,11 @@ class LocalAgreement:
         have been heard; where that one reaches the audio's end (ends within ``CONFIDENT_MARGIN_S`` of
         it: cut off, perhaps), the word needs ``SURE_BEFORE_CUT`` — what little was heard after it says
         little of where it ends: "compared" (0.69) then "to..." at the end of 1 s of "comparatively",
-        "began to" (0.61) then "confuse." for "began a confused". A word that repeats the
-        one before it waits for the second hearing: repeats are where the model loops and where a
-        re-hearing is hardest to tell from a new word (mfa_words' "word. Word. Word." committed at once
-        made a prompt of repeats, and the next utterance was heard as six "Word."s: eleven "word"s in
-        all where the clip says seven)."""
+        "began to" (0.61) then "confuse." for "began a confused". A word that repeats the one before it
+        waits for the second hearing: repeats are where the model loops and where a re-hearing is
+        hardest to tell from a new word (mfa_words' "word. Word. Word." committed at once made a prompt
+        of repeats, and the next utterance was heard as six "Word."s: eleven "word"s in all where the
+        clip says seven)."""
         word = new[i]
         if self.confident is None or heard_end is None or word.probability is None:
             return False
