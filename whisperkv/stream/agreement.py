@@ -1,6 +1,5 @@
 """LocalAgreement-2: a word is final once two consecutive hypotheses agree on it and on all before it
-(three where the hypothesis before those two read the same audio as other words: ``_contested``; or
-where both gave it less than ``DOUBTFUL``: two guesses at a cut buffer may agree).
+(three where the hypothesis before those two read the same audio as other words: ``_contested``).
 
 Each update re-transcribes the whole audio buffer, which still holds audio of words already committed.
 So a new hypothesis is first stripped of its leading words that are already committed (as many as the
@@ -47,8 +46,6 @@ SEARCH = 2
 CONFIDENT_MARGIN_S = 0.1
 #: a word followed only by one that reaches the audio's end is final at its first hearing at this probability
 SURE_BEFORE_CUT = 0.8
-#: a word two hearings in a row gave less than this probability waits for a third (both may be guesses)
-DOUBTFUL = 0.2
 #: where two hearings that part may meet again: (words of the new one, words of the previous one) between
 #: the parting and the next word they share, narrowest first
 RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda nb: (max(nb), sum(nb)))
@@ -66,12 +63,6 @@ def word_key(text: str) -> str:
     "so..." and "so" agree whatever the normaliser leaves of the punctuation."""
     normal = normalize_text(text)
     return "".join(c for c in normal if c.isalnum()) or normal
-
-
-def _doubted(hearing: list[Word], i: int) -> bool:
-    """Whether a hearing gave its ``i``-th word less than ``DOUBTFUL`` with a word after it."""
-    p = hearing[i].probability
-    return p is not None and p < DOUBTFUL and i + 1 < len(hearing)
 
 
 def same_word(a: Word, b: Word) -> bool:
@@ -234,13 +225,9 @@ class LocalAgreement:
 
     def _count_hearings(self, new: list[Word], agreed: int) -> tuple[list[int], list[int]]:
         """For each word of ``new``: how many hearings in a row have agreed on it, and how many it needs:
-        two, or three for the words of a contested span (``_contested``) and those both hearings doubted."""
+        two, or three for the words of a contested span (``_contested``)."""
         hearings = [h + 1 for h in self.hearings[:agreed]] + [1] * (len(new) - agreed)
         needed = self.needed[:agreed] + [2] * (len(new) - agreed)
-        for i in range(agreed):  # doubted by both, each with a word after it (a last word's doubt may
-            # be that it was cut off: jfk's "Ask!" at 0.00 from 0.4 s of it, then "Ask what ..." at 0.18)
-            if hearings[i] == 2 and _doubted(new, i) and _doubted(self.previous, i):
-                needed[i] = max(needed[i], 3)
         for i in range(agreed, agreed + self._contested(new, agreed)):
             needed[i] = 3
         return hearings, needed
