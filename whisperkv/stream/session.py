@@ -6,11 +6,13 @@ the prompt; LocalAgreement-2 commits what two consecutive hypotheses agree on; t
 committed segment end once it is longer than ``trim_after`` seconds.
 
 What keeps a slow stream from dropping words (it lags instead): audio leaves the buffer only at a cut
-between two words of the current hypothesis, every word before which is committed; the cut is between
-the words, not at the segment's timestamp (which may fall inside the segment's last word, or before the
-next word's start); and the prompt is exactly the committed words before the cut (counted, not judged by
-times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a
-prompt ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update.
+between two words of the current hypothesis, every word before which is committed; the cut is between the
+words, not at the segment's timestamp (which may fall inside the segment's last word, or before the next
+word's start); and the prompt is exactly the committed words before the cut (counted, not judged by
+times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a prompt
+ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update. Where a word no
+two hearings agree on holds those after it until the buffer's cap, they are committed as last heard
+(``STALL_S``), not left at the start of a cut buffer, which the model may skip.
 
 With a VAD, silence between utterances never enters an utterance's buffer and the end of speech closes
 the utterance: its last hypothesis is committed whole, but for words heard running past the VAD's end
@@ -45,6 +47,9 @@ HISTORY_S = 1.0
 WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
+#: at the buffer's cap, words pending this long before the audio heard are committed as last heard (the
+#: utterances' "soil price.", read otherwise at each hearing, held 15 words; cut before, 5.6 s went unheard)
+STALL_S = 10.0
 
 
 class StreamingSession:
@@ -193,11 +198,10 @@ class StreamingSession:
 
     def _hear_gap(self, hypothesis: Hypothesis) -> list[Event] | None:
         """Without a VAD: a stretch of ``GAP_S`` or more with no word heard, between the committed words
-        and the next new word, is heard once alone (no prompt) before a word after it is committed.
-        Decoded with the prompt, a whispered sentence was once heard as nothing, and the buffer cut past
-        it (the utterances file at 3 s per update lost "there is going to be no more speech whatsoever
-        here"). Words heard there (unless the hallucination rule rejects them) are committed, and the
-        buffer starts after them; None where the gap held none."""
+        and the next new word, is heard once alone (no prompt: with it, the utterances file at 3 s per
+        update heard "there is going to be no more speech whatsoever here" as nothing, then cut past it).
+        Its words (unless the hallucination rule rejects them) are committed, the buffer starts after
+        them; None where the gap held none."""
         new = self.agreement.unseen(hypothesis.words)
         start = max(self.agreement.last_end, self.buffer_start / SAMPLE_RATE, self.gap_heard_to)
         if not new or new[0].start - start < GAP_S:
@@ -320,9 +324,8 @@ class StreamingSession:
     def _trim(self, hypothesis: Hypothesis) -> list[Event]:
         """Cut the buffer at the last committed segment (or sentence) end once it is long; never past 30 s."""
         events: list[Event] = []
-        length = (self.received - self.buffer_start) / SAMPLE_RATE
         start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
-        if length > self.trim_after:
+        if (self.received - self.buffer_start) / SAMPLE_RATE > self.trim_after:
             cuts = [c for c in hypothesis.word_boundaries() if c[0] <= settled and c[1] > start]
             # no segment closed: a decode that ran on without timestamps once heard "And that should be
             # all. Thanks." then skipped the next sentence in every update until the buffer was cut past it
@@ -331,10 +334,12 @@ class StreamingSession:
                 count, cut = cuts[-1]
                 self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
+            heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
             if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
-                heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
                 # but a word that reaches the buffer's end may still be being said: heard again next time
                 events += self._commit(self.agreement.flush(before=heard - WORD_AT_END_S))
+            elif self.agreement.previous and self.agreement.previous[0].end < heard - STALL_S:  # stalled
+                events += self._commit(self.agreement.flush(before=heard - STALL_S))
             # after the last word heard twice: the words final at their first hearing (``confident``)
             # stay in the buffer, carried, until a second hearing settles where they end
             agreement = self.agreement
