@@ -100,6 +100,21 @@ def test_a_word_before_one_that_reaches_the_audios_end_needs_to_be_surer():
     assert [w.text for w in got] == [" the", " cat"]
 
 
+def test_updates_that_commit_nothing_while_words_wait_are_counted():
+    """``unagreed``: the session's sign of a stall (``STALL_UPDATES``), not of a slow clock (one
+    disagreement between two hearings seconds apart)."""
+    la = LocalAgreement()
+    la.update(words("the cat sat"))
+    assert la.unagreed == 1  # heard once: nothing to agree with yet
+    for i, reading in enumerate(("dog", "cow", "hen")):  # "cat" read otherwise each time
+        la.update(words(f"the {reading} sat"))
+        assert (la.unagreed, la.committed_text()) == (i, "the"), i
+    la.update(words("the hen sat on"))
+    assert la.unagreed == 0 and la.committed_text() == "the hen sat"
+    la.update([])
+    assert la.unagreed == 0  # nothing pending: nothing waits
+
+
 def test_confident_words_keep_their_probability_and_times_move_forward():
     la = LocalAgreement(confident=0.5)
     assert [w.text for w in la.update(sure("a b", [0.9, 0.9]), heard_end=5.0)] == [" a"]  # "b": last heard

@@ -78,6 +78,7 @@ class LocalAgreement:
         self.needed: list[int] = []  # of each word in ``previous``: hearings it needs (2, or 3: contested)
         self.settled = 0  # leading words of the last hypothesis that are committed and heard twice
         self.final = 0  # leading words of the last hypothesis that are committed
+        self.unagreed = 0  # updates in a row that committed nothing while words were pending
         self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
         #: the buffer holds no committed word's audio (set by the session: a new utterance whose speech
         #: starts after the last one's ended, nothing committed or cut since)
@@ -221,6 +222,7 @@ class LocalAgreement:
         # the end of the audio heard, where the next word's start is least sure (a cut there, before an
         # "ask" heard for 0.2 s, lost jfk's "ask what you can do for your" at 1.5 s per update)
         self.settled, self.final = skip + settled, skip + final
+        self.unagreed = 0 if commit or not self.previous else self.unagreed + 1
         return commit
 
     def _count_hearings(self, new: list[Word], agreed: int) -> tuple[list[int], list[int]]:
@@ -266,7 +268,7 @@ class LocalAgreement:
     def forget_pending(self) -> None:
         """Drop the last hypothesis's words not committed (their audio is not heard again)."""
         self.previous, self.hearings, self.needed = [], [], []
-        self.settled = self.final = 0
+        self.settled = self.final = self.unagreed = 0
 
     def _extend(self, words: list[Word]) -> list[Word]:
         """Append ``words``, each starting no earlier than the committed end (times only move forward); a

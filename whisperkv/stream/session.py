@@ -12,7 +12,7 @@ word's start); and the prompt is exactly the committed words before the cut (cou
 times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a prompt
 ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update. Where a word no
 two hearings agree on holds those after it until the buffer's cap, they are committed as last heard
-(``STALL_S``), not left at the start of a cut buffer, which the model may skip.
+(``STALL_UPDATES``), not left at the start of a cut buffer, which the model may skip.
 
 With a VAD, silence between utterances never enters an utterance's buffer and the end of speech closes
 the utterance: its last hypothesis is committed whole, but for words heard running past the VAD's end
@@ -47,9 +47,10 @@ HISTORY_S = 1.0
 WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
-#: at the buffer's cap, words pending this long before the audio heard are committed as last heard (the
-#: utterances' "soil price.", read otherwise at each hearing, held 15 words; cut before, 5.6 s went unheard)
-STALL_S = 10.0
+#: at the buffer's cap, after this many updates that committed nothing, words pending ``STALL_S`` before
+#: the audio heard are committed as last heard (the utterances' "soil price.", read otherwise at each of
+#: ten hearings, held 15 words; the buffer cut before it was heard from 5.6 s on)
+STALL_UPDATES, STALL_S = 5, 10.0
 
 
 class StreamingSession:
@@ -334,15 +335,15 @@ class StreamingSession:
                 count, cut = cuts[-1]
                 self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
+            agreement = self.agreement
             heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
-            if self.agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
+            if agreement.last_end <= self.buffer_start / SAMPLE_RATE:  # nothing agreed for too long
                 # but a word that reaches the buffer's end may still be being said: heard again next time
-                events += self._commit(self.agreement.flush(before=heard - WORD_AT_END_S))
-            elif self.agreement.previous and self.agreement.previous[0].end < heard - STALL_S:  # stalled
-                events += self._commit(self.agreement.flush(before=heard - STALL_S))
+                events += self._commit(agreement.flush(before=heard - WORD_AT_END_S))
+            elif agreement.unagreed >= STALL_UPDATES and agreement.previous[0].end < heard - STALL_S:
+                events += self._commit(agreement.flush(before=heard - STALL_S))  # a stall
             # after the last word heard twice: the words final at their first hearing (``confident``)
             # stay in the buffer, carried, until a second hearing settles where they end
-            agreement = self.agreement
             cut = min([agreement.settled_end] + [w.start for w in agreement.previous[:1]])
             if cut > self.buffer_start / SAMPLE_RATE:  # never into a pending word
                 self._cut(int(cut * SAMPLE_RATE), carried=agreement.final - agreement.settled)
