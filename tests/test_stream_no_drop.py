@@ -78,7 +78,7 @@ class TimelineDecoder:
         last_before = (cut or before or [None])[-1]
         if (prompted[-1] if prompted else None) != last_before:
             self.neither.append((b0, str(last_before)))
-        lost_sentence = bool(cut) and cut[0] != (prompted[-1] if prompted else None)
+        lost_sentence = self.loses_sentence(b0, cut, prompted)
         out, ends, counts = [], [], []
         for i, (text, s, e) in enumerate(self.words):
             if e <= b0 + 0.05 or s < b0 - 0.05:  # before the buffer, or cut at its start (checked above)
@@ -98,6 +98,11 @@ class TimelineDecoder:
                 ends.append(max(0.0, e - b0 - 0.3))  # the timestamp falls inside the last word
                 counts.append(len(out))
         return Hypothesis(out, ends, counts)
+
+    def loses_sentence(self, b0: float, cut: list[str], prompted: list[str]) -> bool:
+        """Whether a buffer from ``b0`` is heard from the next sentence on: it starts inside a word (``cut``)
+        that its prompt does not end with."""
+        return bool(cut) and cut[0] != (prompted[-1] if prompted else None)
 
     def reuse_summary(self) -> dict:
         return {"type": "reuse"}
@@ -245,20 +250,16 @@ class UnsureDecoder(TimelineDecoder):
         super().__init__(words)
         self.unsure = words[unsure]
 
+    def loses_sentence(self, b0: float, cut: list[str], prompted: list[str]) -> bool:
+        start = self.unsure[1]  # also where the buffer starts at the word (a cut before it)
+        return start - 0.15 < b0 < start + 0.05 or super().loses_sentence(b0, cut, prompted)
+
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
         heard = super().decode(audio, start_sample, prompt)
-        b0 = start_sample / SR
-        text, start, _ = self.unsure
-        words, ends, counts = heard.words, heard.segment_ends, heard.boundaries
-        # the buffer starts at the word (a cut before it): the rest of its sentence is lost
-        if start - 0.15 < b0 < start + 0.05:
-            rest = next(i for i, (t, s, _) in enumerate(self.words) if s >= start and t.endswith("|"))
-            lost = sum(1 for _, s, _ in self.words[: rest + 1] if s >= start)
-            keep = [i for i, c in enumerate(counts) if c > lost]
-            return Hypothesis(words[lost:], [ends[i] for i in keep], [counts[i] - lost for i in keep])
-        reading = f" {plain(text)}{self.decodes}"  # another at each hearing
-        words = [Word(reading, w.start, w.end, 0.9) if w.text.strip() == plain(text) else w for w in words]
-        return Hypothesis(words, ends, counts)
+        text = plain(self.unsure[0])
+        reading = f" {text}{self.decodes}"  # another at each hearing
+        words = [Word(reading, w.start, w.end, 0.9) if w.text.strip() == text else w for w in heard.words]
+        return Hypothesis(words, heard.segment_ends, heard.boundaries)
 
 
 def test_a_word_no_two_hearings_agree_on_does_not_lose_those_after_it():
