@@ -275,3 +275,28 @@ def test_a_word_no_two_hearings_agree_on_does_not_lose_those_after_it():
     assert len(committed) == len(expected), committed
     assert committed[21].startswith("w21")  # as last read
     assert committed[:21] + committed[22:] == expected[:21] + expected[22:]
+
+
+class ColdStartDecoder(TimelineDecoder):
+    """Reads the first word of a buffer that starts at it (no audio before it to hear it with) otherwise:
+    tiny.en read lj001's "But though on the whole", first in a buffer cut after "cities.", as "they'll
+    want the whole" at every hearing, where it had read it right with the sentence before it."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        heard = super().decode(audio, start_sample, prompt)
+        words = list(heard.words)
+        if start_sample > 0 and words and words[0].start < 0.3:
+            words[0] = Word(words[0].text + "?", words[0].start, words[0].end, 0.9)
+        return Hypothesis(words, heard.segment_ends, heard.boundaries)
+
+
+@pytest.mark.parametrize("compute", [0.1, 0.5, 1.5])
+def test_a_trimmed_buffer_keeps_speech_before_the_words_it_has_yet_to_agree_on(compute):
+    """A buffer is cut ``CONTEXT_S`` or more before its first word not yet settled: that word is heard
+    with what was said before it, the committed words there heard again (and recognised as committed)."""
+    said = [(f"w{i}" + ("|" if i % 6 == 5 else ""), 0.5 * i, 0.5 * i + 0.4) for i in range(60)]
+    decoder = ColdStartDecoder(said)
+    session = StreamingSession(decoder)
+    list(run_stream(Silence(said[-1][2] + 0.8), session, SimulatedClock(compute), 1.0))
+    assert decoder.decodes > 20 and session.buffer_start > 0  # trimmed, many times
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in said]

@@ -359,7 +359,7 @@ class Rehearing:
         (" two", 0.6, 1.0),
         (" three", 1.1, 1.5),
         (" four", 1.6, 2.0),
-        (" five", 2.6, 3.0),
+        (" five", 4.1, 4.5),
     ]
 
     def __init__(self, whole_stops_early: bool = False) -> None:
@@ -387,12 +387,12 @@ class Rehearing:
 def test_an_utterance_is_closed_by_a_hearing_of_all_its_audio_unless_that_stops_early(stops_early, text):
     decoder = Rehearing(whole_stops_early=stops_early)
     session = StreamingSession(decoder, trim_after=0.5, min_audio_s=0.1)
-    events = list(run_stream(Silence(3.5), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
+    events = list(run_stream(Silence(5.0), session, SimulatedClock(fixed_cost=0.0), chunk=1.0))
     assert any(start > 0 for start, _, _ in decoder.calls)  # the buffer was cut while the words came
     assert session.committed_text() == text
     assert [e.text for e in events if e.type == "utterance_end"] == [text]
     closing = decoder.calls[-2:] if stops_early else decoder.calls[-1:]
-    assert closing[0][:2] == (0.0, 3.5) and closing[0][2] == ""  # all the utterance, nothing as prompt
+    assert closing[0][:2] == (0.0, 5.0) and closing[0][2] == ""  # all the utterance, nothing as prompt
     if stops_early:
         assert closing[1][0] > 0  # then the buffer, as before
 

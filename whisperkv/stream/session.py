@@ -51,6 +51,8 @@ GAP_S = 2.0
 #: the audio heard are committed as last heard (the utterances' "soil price.", read otherwise at each of
 #: ten hearings, held 15 words; the buffer cut before it was heard from 5.6 s on)
 STALL_UPDATES, STALL_S = 5, 10.0
+#: a trimmed buffer keeps this much committed speech before the words not yet settled (heard again)
+CONTEXT_S = 2.0
 
 
 class StreamingSession:
@@ -331,6 +333,9 @@ class StreamingSession:
             # no segment closed: a decode that ran on without timestamps once heard "And that should be
             # all. Thanks." then skipped the next sentence in every update until the buffer was cut past it
             cuts = cuts or [c for c in hypothesis.sentence_boundaries() if c[0] <= settled and c[1] > start]
+            words = hypothesis.words
+            pending_at = words[settled].start if settled < len(words) else self.received / SAMPLE_RATE
+            cuts = [c for c in cuts if c[1] <= pending_at - CONTEXT_S]
             if cuts:
                 count, cut = cuts[-1]
                 self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
