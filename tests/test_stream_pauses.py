@@ -23,6 +23,8 @@ from tests.test_stream_no_drop import JFK, ScriptVAD, Silence, TimelineDecoder, 
 from whisperkv.audio import load_audio
 from whisperkv.metrics import normalize_text
 from whisperkv.stream.clock import SimulatedClock
+from whisperkv.stream.events import Word
+from whisperkv.stream.hypothesis import Hypothesis
 from whisperkv.stream.runner import run_stream
 from whisperkv.stream.session import StreamingSession
 from whisperkv.stream.vad import SpeechDetector
@@ -193,6 +195,54 @@ def test_the_whispered_clip_keeps_its_last_word(tiny_model, compute):
         pass
     committed = normalize_text(session.committed_text()).split()
     assert committed[-1] == "here" and committed.count("here") == 1
+
+
+#: jfk's first words, then speech the VAD parts in two (pauses of 0.9 s)
+PARTED = [*JFK[:5], ("voiced", 3.2, 3.6), ("speech", 3.65, 4), ("whatsoever", 4.9, 5.5), ("here.|", 5.55, 6)]
+
+
+class Guessing(TimelineDecoder):
+    """Hears the words from ``hard`` to ``until`` s, improbable (0.05) and otherwise at each hearing, in a
+    buffer that ends before ``until``: where the VAD parts whispered speech, what it closed alone."""
+
+    def __init__(self, words: list, hard: float, until: float) -> None:
+        super().__init__(words)
+        self.hard, self.until = hard, until
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str):  # noqa: ANN201
+        heard = super().decode(audio, start_sample, prompt)
+        if (start_sample + len(audio)) / SR >= self.until:
+            return heard
+        b0 = start_sample / SR
+        words = [
+            Word(f" guess{self.decodes}", w.start, w.end, 0.05) if w.start + b0 >= self.hard else w
+            for w in heard.words
+        ]
+        return Hypothesis(words, heard.segment_ends, heard.boundaries)
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5])
+def test_words_a_close_hears_as_improbable_are_heard_again_with_what_follows(compute):
+    """mfa_whisper2 at 1.5 s per update: the VAD closed "voiced" alone; heard with and without the prompt
+    it was improbable words ("Points P advising from me to come.", 0.00-0.11), and they were committed.
+    New words of a close that fail the hallucination rule are now held once, and heard with what follows
+    ("Boy, speech whatsoever here.")."""
+    words = list(PARTED)
+    decoder = Guessing(words, hard=3.2, until=4.9)
+    session = StreamingSession(decoder, vad=ScriptVAD(words))
+    list(run_stream(Silence(7.0), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
+def test_words_improbable_at_every_hearing_are_held_once_not_again():
+    """Speech the model cannot read (noise, another language) is improbable at every close: held once,
+    then committed by the next close, as guessed, not held on from utterance to utterance."""
+    words = [*PARTED, ("ask", 7.0, 7.4), ("not.|", 7.5, 8.0)]
+    session = StreamingSession(Guessing(words, hard=3.2, until=float("inf")), vad=ScriptVAD(words))
+    events = list(run_stream(Silence(9.0), session, SimulatedClock(0.0), 1.0))
+    assert len(session.agreement.committed) == len(words)
+    by_then = sum(len(e.words) for e in events if e.type == "commit" and e.audio_time < 7.0)
+    assert by_then == len(words) - 2  # all but the last utterance's, before it was said
 
 
 @pytest.mark.parametrize("compute", [0.1, 0.5])

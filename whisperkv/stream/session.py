@@ -276,7 +276,11 @@ class StreamingSession:
         if last is not None and not last.repetitive:
             rest = self.agreement.unseen(last.words) if stopped is not None else []
             cut_off = any(w.end >= stopped for w in rest)
-            events += self._commit(self.agreement.flush(last.words, before=stopped))
+            # new words that fail the hallucination rule are heard again with what follows, once
+            doubted = bool(rest) and Hypothesis(rest).looks_hallucinated and not self._reheard
+            before = float("-inf") if doubted else stopped
+            cut_off = cut_off or doubted
+            events += self._commit(self.agreement.flush(last.words, before=before))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
         span = (self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE)
@@ -291,6 +295,11 @@ class StreamingSession:
         self.in_speech = self.vad is None
         self._moved_on()
         return events
+
+    @property
+    def _reheard(self) -> bool:
+        """Whether the open utterance began with words the last close held (``_open``)."""
+        return self.utterance_from[0] < self.closed_at
 
     def _moved_on(self) -> None:
         """The buffer moved past what the decoder holds (a close, a heard pause): no update reuses it."""
