@@ -239,6 +239,8 @@ def test_a_stream_far_behind_with_a_short_buffer_loses_no_word():
     committed "do" ended) was skipped by time, and a word cut off at the buffer's end was committed."""
     check(6.0, 1.0, False, trim_after=1.0, max_buffer=10.0)
     check(5.5, 1.7, False, trim_after=6.0, max_buffer=10.0)
+    # a cut at the cap after "word" and before the next "word", carrying none: the next was taken for it
+    check(6.0, 0.5, False, trim_after=1.0, max_buffer=10.0)
 
 
 class UnsureDecoder(TimelineDecoder):

@@ -245,6 +245,31 @@ def test_words_improbable_at_every_hearing_are_held_once_not_again():
     assert by_then == len(words) - 2  # all but the last utterance's, before it was said
 
 
+class StopsAtThanks(TimelineDecoder):
+    """Hears nothing after "thanks." in a buffer that starts before it (the end of text, to the model)."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str):  # noqa: ANN201
+        heard = super().decode(audio, start_sample, prompt)
+        thanks = next((i for i, w in enumerate(heard.words) if w.text == " thanks"), None)
+        if thanks is None:
+            return heard
+        ends = [(e, n) for e, n in zip(heard.segment_ends, heard.boundaries) if n <= thanks + 1]
+        return Hypothesis(heard.words[: thanks + 1], [e for e, _ in ends], [n for _, n in ends])
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5])
+def test_speech_after_where_every_hearing_stops_is_heard_with_what_follows(compute):
+    """The utterances file at 3 s per update: every hearing of a buffer from 94.8 s stopped at "... all
+    thanks.", and the close committed that and moved on: "She had your dark suit in greasy wash water all
+    year" (3 s more of the utterance) was never heard. Where the close's hearing stops ``GAP_S`` or more
+    before the VAD's end, the rest is heard again with what follows."""
+    words = [*JFK[:5], ("thanks.|", 2.4, 2.8), ("she", 3.0, 3.3), ("had", 3.35, 3.7), ("your", 3.75, 4.0)]
+    words += [("dark", 4.1, 4.5), ("suit.|", 4.6, 5.5), ("ask", 7.0, 7.4), ("not.|", 7.5, 8.0)]
+    session = StreamingSession(StopsAtThanks(words), vad=ScriptVAD(words))
+    list(run_stream(Silence(9.0), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
 @pytest.mark.parametrize("compute", [0.1, 0.5])
 def test_the_falsetto_clip_has_no_words_the_close_made_of_a_cut_off_one(tiny_model, compute):
     """mfa_falsetto2 ("i really don't know how people talk like this"): the VAD closed the utterance inside

@@ -82,6 +82,21 @@ class Hypothesis:
             if w.ends_sentence
         ]
 
+    def cuts_within(
+        self, settled: int, after: float, context: float, heard_to: float, anywhere: bool = False
+    ) -> list[tuple[int, float]]:
+        """Where a buffer from ``after`` s may be cut (``word_boundaries``; where the decode closed no
+        segment, ``sentence_boundaries``; ``anywhere``: between any two words) within its first
+        ``settled`` words, ``context`` s or more before the word after them (or ``heard_to``): that word
+        is then heard with what was said before it. A decode that ran on without timestamps once heard
+        "And that should be all. Thanks." then skipped the next sentence until the buffer was cut past it."""
+        words = self.words
+        gaps = [(i, min(words[i - 1].end, words[i].start)) for i in range(1, len(words))] if anywhere else []
+        cuts = [c for c in gaps or self.word_boundaries() if c[0] <= settled and c[1] > after]
+        cuts = cuts or [c for c in self.sentence_boundaries() if c[0] <= settled and c[1] > after]
+        pending_at = words[settled].start if settled < len(words) else heard_to
+        return [c for c in cuts if c[1] <= pending_at - context]
+
     def window_cut(self, start: float, window_end: float) -> tuple[list[Word], float]:
         """Of a full window's hypothesis (dated in the stream, its buffer from ``start`` s): the words up
         to its last complete segment and the cut after them (a second past ``start`` at least); without

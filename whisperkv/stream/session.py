@@ -1,32 +1,25 @@
 """A streaming session: feed audio as it arrives, call ``update`` now and then, get events.
 
-The policy, in whisper_streaming's terms: the buffer holds the audio of the current utterance from the
-last committed segment end; each update decodes the whole buffer with the committed text before it as
-the prompt; LocalAgreement-2 commits what two consecutive hypotheses agree on; the buffer is trimmed at a
-committed segment end once it is longer than ``trim_after`` seconds.
+The policy, in whisper_streaming's terms: the buffer holds the current utterance's audio; each update
+decodes it with the committed text before it as the prompt; LocalAgreement-2 commits what two consecutive
+hypotheses agree on; past ``trim_after`` s the buffer is cut at a committed segment end, ``CONTEXT_S``
+before the words not yet settled (cut at a sentence's end, tiny.en read the next one's first words cold).
 
-What keeps a slow stream from dropping words (it lags instead): audio leaves the buffer only at a cut
-between two words of the current hypothesis, every word before which is committed; the cut is between the
-words, not at the segment's timestamp (which may fall inside the segment's last word, or before the next
-word's start); and the prompt is exactly the committed words before the cut (counted, not judged by
-times), so the buffer begins where its prompt ends. A buffer cut at 7.30 s, inside "you", with a prompt
-ending "... can do for", was how jfk lost "what you can do for your" at 1.5 s per update. Where a word no
-two hearings agree on holds those after it until the buffer's cap, they are committed as last heard
-(``STALL_UPDATES``), not left at the start of a cut buffer, which the model may skip.
+A slow stream lags, it does not drop words: audio leaves the buffer only at a cut between two words of
+the current hypothesis, every word before which is committed (not at a segment's timestamp, which may
+fall inside its last word), and the prompt is exactly the committed words before the cut, so the buffer
+begins where its prompt ends (a cut inside "you" with a prompt ending "... can do for" lost jfk's "what
+you can do for your" at 1.5 s per update). Words held until the buffer's cap by one no two hearings agree
+on are committed as last heard (``STALL_UPDATES``), not left at the start of a buffer the model may skip.
 
-With a VAD, silence between utterances never enters an utterance's buffer and the end of speech closes
-the utterance: its last hypothesis is committed whole, but for words heard running past the VAD's end
-(heard again with what follows). End of input does the same. What the VAD called a
-pause is still heard once, whole, when it is over (the next speech starts, 30 s of it have passed, or
-input ends): words it did not take for speech — whispered ones — are committed like an utterance's
-last hypothesis, and a silent pause is judged silence by ``transcribe``'s rule (no words). Committed text
-is never retracted.
-
-Without a VAD, a stretch of the buffer with no word heard, ``GAP_S`` or longer, is heard once alone before
-a word after it is committed (``_hear_gap``): prompted, the model may hear a whispered sentence as nothing.
-
-``confident`` (off by default) also commits a word the model was sure of at its first hearing, a chunk
-sooner (``agreement``). Decoding is behind ``UpdateDecoder``: the policy does not know where the model runs.
+With a VAD, silence never enters an utterance's buffer and the end of speech closes the utterance: its
+last hypothesis is committed whole, but for words heard running past the VAD's end, and new words that
+fail the hallucination rule (once): both are heard again with what follows. End of input closes too.
+What the VAD called a pause is heard once, whole, when it is over: words it did not take for speech
+(whispered ones) are committed; a silent pause is judged silence by ``transcribe``'s rule. Without a VAD,
+a stretch of ``GAP_S`` or more with no word heard is heard once alone (``_hear_gap``). Committed text is
+never retracted. ``confident`` (off by default) also commits a word the model was sure of at its first
+hearing (``agreement``). Decoding is behind ``UpdateDecoder``: the policy does not know where it runs.
 """
 
 from __future__ import annotations
@@ -86,6 +79,8 @@ class StreamingSession:
         self.utterance: list[Word] = []
         #: where the open utterance's audio begins and its first committed word: its close hears it whole
         self.utterance_from = (0, 0)
+        #: words committed when the open utterance began with words the last close held (``_open``)
+        self.reheard: int | None = None
         self.decodes = 0  # buffers decoded (a clock charges an update's cost to a span that decoded)
 
     @property
@@ -249,6 +244,7 @@ class StreamingSession:
         but words the last close held are heard with this speech, from where that utterance's buffer began
         (mfa_falsetto2's VAD heard speech again inside the word the close had cut)."""
         held = self.last_buffer if self.held else None
+        self.reheard = len(self.agreement.committed) if held else None
         heard = [] if held else self._hear_pause(start, speech_follows=True)
         begin, first = held or (min(start, self.pause_from), len(self.agreement.committed))
         self.in_speech = True
@@ -266,18 +262,20 @@ class StreamingSession:
         """Close the utterance at ``end``: decode it once more and commit the whole hypothesis, but, where
         the VAD closed it, the words heard ending past its end (dated 0.3 s after the speech it heard): they
         ran on into what it took for silence, may be cut off there, and are heard again with what follows
-        (mfa_falsetto2's close committed the falsetto "people" it cut as "to do that.")."""
+        (mfa_falsetto2's close committed the falsetto "people" it cut as "to do that."); so is the speech
+        after the last word where the hearing stopped ``GAP_S`` before the VAD's end (the utterances file at
+        3 s per update: "She had your dark suit ...", after "... all thanks.", was never heard)."""
         events = self._catch_up(end)
         stopped = end / SAMPLE_RATE if speech_stopped else None
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
             end = self.decoded[1]  # no new speech since: decode exactly the same buffer (reusable)
-        last = self._closing_hearing(end) if end - self.buffer_start >= self.min_audio // 5 else None
+        last = self._closing_hearing(end, stopped) if end - self.buffer_start >= self.min_audio // 5 else None
         cut_off = False  # words left for a later hearing (aligned again only where the VAD closed it)
         if last is not None and not last.repetitive:
             rest = self.agreement.unseen(last.words) if stopped is not None else []
             cut_off = any(w.end >= stopped for w in rest)
-            # new words that fail the hallucination rule are heard again with what follows, once
-            doubted = bool(rest) and Hypothesis(rest).looks_hallucinated and not self._reheard
+            # new words failing the hallucination rule are heard again with what follows, once
+            doubted = bool(rest) and Hypothesis(rest).looks_hallucinated and self.reheard is None
             before = float("-inf") if doubted else stopped
             cut_off = cut_off or doubted
             events += self._commit(self.agreement.flush(last.words, before=before))
@@ -287,6 +285,11 @@ class StreamingSession:
         events.append(Event("utterance_end", join_words(self.utterance), *span, self.now, self.utterance))
         self.utterance = []
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
+        heard_to = max(self.agreement.last_end, self.utterance_from[0] / SAMPLE_RATE)
+        moved = self.reheard is None or len(self.agreement.committed) > self.reheard  # not held in vain
+        if stopped is not None and not cut_off and moved and stopped - heard_to >= GAP_S:
+            # the hearing stopped short of the speech: what it did not hear is heard with what follows
+            self.last_buffer, cut_off = (int(heard_to * SAMPLE_RATE), len(self.agreement.committed)), True
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
         if cut_off:  # heard again from where the utterance's buffer began (``_open``, ``_pause_buffer``)
             self.pause_from = self.last_buffer[0]  # before ``closed_at``: ``held``
@@ -296,24 +299,22 @@ class StreamingSession:
         self._moved_on()
         return events
 
-    @property
-    def _reheard(self) -> bool:
-        """Whether the open utterance began with words the last close held (``_open``)."""
-        return self.utterance_from[0] < self.closed_at
-
     def _moved_on(self) -> None:
         """The buffer moved past what the decoder holds (a close, a heard pause): no update reuses it."""
         self.decoded = None
         getattr(self.decoder, "release", lambda: None)()
 
-    def _closing_hearing(self, end: int) -> Hypothesis:
+    def _closing_hearing(self, end: int, stopped: float | None) -> Hypothesis:
         """The utterance's last hearing: of all its audio where that fits a window (as offline hears it:
         the words not yet committed heard with what was said before them; a cut buffer heard lj001-0007's
         "1455" as "14-55"), else of the buffer; also where the whole hearing stops before the words heard
-        already (one of mfa_cold_corpus from 0 s stopped before its last words, "Great, thanks.")."""
+        already (one of mfa_cold_corpus from 0 s stopped before its last words, "Great, thanks.") or,
+        where the VAD heard speech stop at ``stopped``, ``GAP_S`` before it (the utterances file at 3 s per
+        update: every hearing from 56.5 s stopped at "Alright, thanks.", 9 s of speech before the end)."""
         start, first = self.utterance_from
         if self.audio_start <= start < self.buffer_start and end - start <= WINDOW * SAMPLE_RATE:
             heard_to = max([self.agreement.last_end] + [w.end for w in self.agreement.previous])
+            heard_to = max(heard_to, (stopped or 0.0) - GAP_S + WORD_AT_END_S)
             kept = self.buffer_start, self.agreement.first_in_buffer
             self.buffer_start, self.agreement.first_in_buffer = start, first
             whole = self._decode(end, closing=True)
@@ -338,13 +339,7 @@ class StreamingSession:
         events: list[Event] = []
         start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.trim_after:
-            cuts = [c for c in hypothesis.word_boundaries() if c[0] <= settled and c[1] > start]
-            # no segment closed: a decode that ran on without timestamps once heard "And that should be
-            # all. Thanks." then skipped the next sentence in every update until the buffer was cut past it
-            cuts = cuts or [c for c in hypothesis.sentence_boundaries() if c[0] <= settled and c[1] > start]
-            words = hypothesis.words
-            pending_at = words[settled].start if settled < len(words) else self.received / SAMPLE_RATE
-            cuts = [c for c in cuts if c[1] <= pending_at - CONTEXT_S]
+            cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, self.received / SAMPLE_RATE)
             if cuts:
                 count, cut = cuts[-1]
                 self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
@@ -356,11 +351,15 @@ class StreamingSession:
                 events += self._commit(agreement.flush(before=heard - WORD_AT_END_S))
             elif agreement.unagreed >= STALL_UPDATES and agreement.previous[0].end < heard - STALL_S:
                 events += self._commit(agreement.flush(before=heard - STALL_S))  # a stall
-            # after the last word heard twice: the words final at their first hearing (``confident``)
-            # stay in the buffer, carried, until a second hearing settles where they end
-            cut = min([agreement.settled_end] + [w.start for w in agreement.previous[:1]])
-            if cut > self.buffer_start / SAMPLE_RATE:  # never into a pending word
-                self._cut(int(cut * SAMPLE_RATE), carried=agreement.final - agreement.settled)
+            # between two words heard twice, ``CONTEXT_S`` before the next (the first words after a cut
+            # are counted as committed, not matched: a repeated "word" was once taken for the last one)
+            cuts = hypothesis.cuts_within(agreement.settled, start, CONTEXT_S, heard, anywhere=True)
+            # else after the last word heard twice: the words final at their first hearing
+            # (``confident``) stay in the buffer, carried, until a second hearing settles where they end
+            count, cut = cuts[-1] if cuts else (agreement.settled, agreement.settled_end)
+            cut = min([cut] + [w.start for w in agreement.previous[:1]])
+            if cut > start:  # never into a pending word
+                self._cut(int(cut * SAMPLE_RATE), carried=agreement.final - count)
             elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
