@@ -15,8 +15,7 @@ on are committed as last heard (``STALL_UPDATES``), not left at the start of a b
 With a VAD, silence never enters an utterance's buffer and the end of speech closes the utterance: its
 last hypothesis is committed whole, but for words heard running past the VAD's end, and new words that
 fail the hallucination rule (once): both are heard again with what follows. End of input closes too.
-What the VAD called a pause is heard once, whole, when it is over: words it did not take for speech
-(whispered ones) are committed; a silent pause is judged silence by ``transcribe``'s rule. Without a VAD,
+What the VAD called a pause is heard once, whole, when it is over (``pauses``). Without a VAD,
 a stretch of ``GAP_S`` or more with no word heard is heard once alone (``_hear_gap``). Committed text is
 never retracted. ``confident`` (off by default) also commits a word the model was sure of at its first
 hearing (``agreement``). Decoding is behind ``UpdateDecoder``: the policy does not know where it runs.
@@ -29,15 +28,13 @@ import numpy as np
 from whisperkv.stream.agreement import LocalAgreement, same_word
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
+from whisperkv.stream.pauses import SAMPLE_RATE, WINDOW, PauseHearing
 from whisperkv.stream.vad import SpeechDetector
 
-SAMPLE_RATE = 16000
 #: characters of committed text given as the prompt (whisper_streaming uses 200)
 PROMPT_CHARS = 200
 #: audio kept before the current position while nobody speaks: the VAD dates a start back by its padding
 HISTORY_S = 1.0
-#: seconds of audio one decode sees (Whisper's window)
-WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
 #: at the buffer's cap, after this many updates that committed nothing, words pending ``STALL_S`` before
@@ -48,7 +45,7 @@ STALL_UPDATES, STALL_S = 5, 10.0
 CONTEXT_S = 2.0
 
 
-class StreamingSession:
+class StreamingSession(PauseHearing):
     def __init__(
         self,
         decoder: UpdateDecoder,
@@ -363,49 +360,6 @@ class StreamingSession:
             elif not hypothesis.words and self.decoded is not None:  # a long silence heard as no words
                 self._cut(self.decoded[1] - int(HISTORY_S * SAMPLE_RATE))
         return events
-
-    def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
-        """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
-        longer than a window is heard window by window, each cut after its last complete segment. Where
-        speech follows (the VAD's start at ``end`` may come after the speech began), the words reaching
-        ``end`` are left to the utterance: ``pause_from`` is then where they begin (``_open``)."""
-        start = self.pause_from
-        if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
-            if speech_follows:  # too short to hear: the utterance begins at its speech (``_open``)
-                self.pause_from = max(start, end)
-            return []
-        maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
-        if maybe_speech is not None and not self.held and not maybe_speech(start, end):
-            self.pause_from, self.last_buffer = end, None  # nothing to hear: no audio kept for it
-            return []
-        begin = self._pause_buffer(start, end)
-        end = min(end, begin + WINDOW * SAMPLE_RATE)
-        hypothesis = self._decode(end)
-        heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
-        if heard and end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
-            heard, cut = hypothesis.window_cut(begin / SAMPLE_RATE, cut)
-        reaching = speech_follows and bool(heard) and heard[-1].end >= cut - WORD_AT_END_S
-        events = self._commit(self.agreement.flush(heard, before=cut - WORD_AT_END_S if reaching else None))
-        if reaching:  # the pause's audio ends after the words it committed (between words)
-            cut = min(cut, max(self.agreement.last_end, start / SAMPLE_RATE))
-        self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
-        self.last_buffer = (self.pause_from, len(self.agreement.committed))  # a cut between words
-        self.buffer_start = self.closed_at = max(self.pause_from, self.closed_at)
-        self._moved_on()
-        return events
-
-    def _pause_buffer(self, start: int, end: int) -> int:
-        """Set the buffer for the pause from ``start``; return where it begins: where the last
-        utterance's buffer began (its words are heard again, and recognised as committed) when that
-        fits a window with the pause, else at the pause. Decoded from the pause alone, a word the VAD's
-        end cut was heard again in pieces ("whatsoever" as "so ever here")."""
-        begin, first = self.last_buffer or (start, len(self.agreement.committed))
-        if begin < self.audio_start or end - begin > WINDOW * SAMPLE_RATE:
-            begin, first = start, len(self.agreement.committed)
-        self.buffer_start, self.decoded = begin, None
-        self.agreement.first_in_buffer = first
-        self.agreement.fresh = first == len(self.agreement.committed)  # nothing committed in the buffer
-        return begin
 
     def _forget_old_audio(self) -> None:
         keep_from = self.buffer_start if self.in_speech else self.received - int(HISTORY_S * SAMPLE_RATE)

@@ -1,0 +1,90 @@
+"""Hearing what the VAD called a pause: once, whole, when it is over (issue 42).
+
+silero-vad scored mfa_whisper2's whispered half at most 0.13 against its 0.5 threshold, so that audio never
+entered an utterance's buffer. A pause with a frame that came near speech is decoded when it is over (the
+next speech starts, a window of it has passed, or input ends): words the VAD did not take for speech are
+committed like an utterance's last hypothesis, and a silent pause is judged silence by ``transcribe``'s
+rule. A part of ``StreamingSession``: it moves the session's buffer and agreement as the session does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from whisperkv.stream.hypothesis import WORD_AT_END_S
+
+if TYPE_CHECKING:
+    from whisperkv.stream.agreement import LocalAgreement
+    from whisperkv.stream.events import Event, Word
+    from whisperkv.stream.hypothesis import Hypothesis
+    from whisperkv.stream.vad import SpeechDetector
+
+SAMPLE_RATE = 16000
+#: seconds of audio one decode sees (Whisper's window)
+WINDOW = 30
+
+
+class PauseHearing:
+    """The pause's hearing; the session's state and steps it uses, named."""
+
+    agreement: LocalAgreement
+    vad: SpeechDetector | None
+    min_audio: int
+    audio_start: int
+    buffer_start: int
+    pause_from: int  # where the audio between utterances not yet decoded begins
+    closed_at: int
+    last_buffer: tuple[int, int] | None
+    decoded: tuple[int, int] | None
+
+    @property
+    def held(self) -> bool: ...
+
+    def _decode(self, end: int, closing: bool = False) -> Hypothesis: ...
+
+    def _commit(self, words: list[Word]) -> list[Event]: ...
+
+    def _moved_on(self) -> None: ...
+
+    def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
+        """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
+        longer than a window is heard window by window, each cut after its last complete segment. Where
+        speech follows (the VAD's start at ``end`` may come after the speech began), the words reaching
+        ``end`` are left to the utterance: ``pause_from`` is then where they begin (``_open``)."""
+        start = self.pause_from
+        if min(end, start + WINDOW * SAMPLE_RATE) - start < self.min_audio:
+            if speech_follows:  # too short to hear: the utterance begins at its speech (``_open``)
+                self.pause_from = max(start, end)
+            return []
+        maybe_speech = getattr(self.vad, "maybe_speech", None)  # a VAD that cannot tell: every pause
+        if maybe_speech is not None and not self.held and not maybe_speech(start, end):
+            self.pause_from, self.last_buffer = end, None  # nothing to hear: no audio kept for it
+            return []
+        begin = self._pause_buffer(start, end)
+        end = min(end, begin + WINDOW * SAMPLE_RATE)
+        hypothesis = self._decode(end)
+        heard, cut = [] if hypothesis.repetitive else hypothesis.words, end / SAMPLE_RATE
+        if heard and end - begin == WINDOW * SAMPLE_RATE:  # a window of pause: cut it between words
+            heard, cut = hypothesis.window_cut(begin / SAMPLE_RATE, cut)
+        reaching = speech_follows and bool(heard) and heard[-1].end >= cut - WORD_AT_END_S
+        events = self._commit(self.agreement.flush(heard, before=cut - WORD_AT_END_S if reaching else None))
+        if reaching:  # the pause's audio ends after the words it committed (between words)
+            cut = min(cut, max(self.agreement.last_end, start / SAMPLE_RATE))
+        self.pause_from = max(int(cut * SAMPLE_RATE), start + 1)
+        self.last_buffer = (self.pause_from, len(self.agreement.committed))  # a cut between words
+        self.buffer_start = self.closed_at = max(self.pause_from, self.closed_at)
+        self._moved_on()
+        return events
+
+    def _pause_buffer(self, start: int, end: int) -> int:
+        """Set the buffer for the pause from ``start``; return where it begins: where the last
+        utterance's buffer began (its words are heard again, and recognised as committed) when that
+        fits a window with the pause, else at the pause. Decoded from the pause alone, a word the VAD's
+        end cut was heard again in pieces ("whatsoever" as "so ever here")."""
+        begin, first = self.last_buffer or (start, len(self.agreement.committed))
+        if begin < self.audio_start or end - begin > WINDOW * SAMPLE_RATE:
+            begin, first = start, len(self.agreement.committed)
+        self.buffer_start, self.decoded = begin, None
+        self.agreement.first_in_buffer = first
+        self.agreement.fresh = first == len(self.agreement.committed)  # nothing committed in the buffer
+        return begin
