@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 SECONDS_PER_TIMESTAMP = 0.02
 #: a word ending this close to the end of the audio decoded may be cut off there (still being said)
 WORD_AT_END_S = 0.2
+#: a word below this probability is improbable (Whisper's ``word_anomaly_score``)
+IMPROBABLE = 0.15
 
 
 @dataclass
@@ -54,6 +56,14 @@ class Hypothesis:
             for w in self.words
         ]
         return is_segment_anomaly({"words": words}, PUNCTUATION)
+
+    @property
+    def improbable(self) -> bool:
+        """Whether half or more of its first 8 words are below Whisper's mark of an improbable word (0.15,
+        ``word_anomaly_score``). By probability alone: the alignment dates a run of a repeated word
+        ("Word. Word. Word.") with no length, which the hallucination rule also counts against it."""
+        sure = [w.probability for w in self.words[:8] if w.probability is not None]
+        return bool(sure) and 2 * sum(p < IMPROBABLE for p in sure) >= len(sure)
 
     def word_boundaries(self) -> list[tuple[int, float]]:
         """(words before the cut, the cut's time) for each complete segment end: after the segment's last
