@@ -336,12 +336,16 @@ def get_end(segments: list[dict]) -> float | None:
     return segments[-1]["end"] if segments else None
 
 
+#: below this probability a word is improbable (Whisper's hallucination rule)
+IMPROBABLE_WORD = 0.15
+
+
 def word_anomaly_score(word: dict) -> float:
     """How hallucination-like a word looks: improbable, implausibly short, or implausibly long."""
     probability = word.get("probability", 0.0)
     duration = word["end"] - word["start"]
     score = 0.0
-    if probability < 0.15:
+    if probability < IMPROBABLE_WORD:
         score += 1.0
     if duration < 0.133:
         score += (0.133 - duration) * 15

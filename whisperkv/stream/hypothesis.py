@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from whisperkv.engine.segments import PUNCTUATION
 from whisperkv.stream.events import Word
-from whisperkv.timing import is_segment_anomaly
+from whisperkv.timing import IMPROBABLE_WORD, is_segment_anomaly
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 SECONDS_PER_TIMESTAMP = 0.02
 #: a word ending this close to the end of the audio decoded may be cut off there (still being said)
 WORD_AT_END_S = 0.2
-#: a word below this probability is improbable (Whisper's ``word_anomaly_score``)
-IMPROBABLE = 0.15
 
 
 @dataclass
@@ -63,7 +61,7 @@ class Hypothesis:
         ``word_anomaly_score``). By probability alone: the alignment dates a run of a repeated word
         ("Word. Word. Word.") with no length, which the hallucination rule also counts against it."""
         sure = [w.probability for w in self.words[:8] if w.probability is not None]
-        return bool(sure) and 2 * sum(p < IMPROBABLE for p in sure) >= len(sure)
+        return bool(sure) and 2 * sum(p < IMPROBABLE_WORD for p in sure) >= len(sure)
 
     def word_boundaries(self) -> list[tuple[int, float]]:
         """(words before the cut, the cut's time) for each complete segment end: after the segment's last
