@@ -126,6 +126,44 @@ def test_a_matrix_the_c_dtw_does_not_take_goes_to_the_twin():
         assert rows.tolist() == twin_rows.tolist() and cols.tolist() == twin_cols.tolist()
 
 
+def _planted_path(n: int, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference suite's ``test_dtw`` matrix: random float32 costs in [0, 1) and a monotonic path of
+    cells lowered by 1 (a diagonal step wherever its shuffled steps turn), and that path."""
+    rng = np.random.default_rng(seed)
+    steps = np.concatenate([np.zeros(n - 1), np.ones(m - 1)])
+    rng.shuffle(steps)
+    x = rng.random((n, m)).astype(np.float32)
+    i = j = k = 0
+    cells = [(0, 0)]
+    while k < len(steps):
+        if k + 1 < len(steps) and steps[k] != steps[k + 1]:
+            i, j, k = i + 1, j + 1, k + 2
+        else:
+            i, j, k = i + int(steps[k] == 0), j + int(steps[k] == 1), k + 1
+        cells.append((i, j))
+    path = np.array(cells).T
+    x[path[0], path[1]] -= 1
+    return x, path
+
+
+@pytest.mark.oracle
+def test_dtw_takes_the_references_path_where_float32_costs_would_not():
+    """Costs accumulate in float64, as the reference's numba-compiled ``dtw_cpu`` keeps them. With float32
+    sums (what its source reads as) this planted path (seed 195; 1 of 300 seeds) came out one cell longer
+    than the reference's: the reference suite's own ``test_dtw`` failed once in CI that way."""
+    reference = require_oracle("whisper").timing.dtw_cpu
+    x, planted = _planted_path(123, 1500, 195)
+    expected = reference(x)
+    assert expected.tolist() == planted.tolist()
+    for rows, cols in (dtw(x), dtw_numpy(x)):
+        assert [rows.tolist(), cols.tolist()] == planted.tolist()
+    rng = np.random.default_rng(7)
+    for shape in [(3, 50), (40, 400), (17, 9)]:  # the shapes word timing passes: tokens x frames
+        y = -rng.random(shape)
+        rows, cols = dtw(y)
+        assert [rows.tolist(), cols.tolist()] == reference(y).tolist(), shape
+
+
 # --------------------------------------------------------------------------------- median filter
 
 

@@ -49,16 +49,18 @@ def dtw_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`dtw` in numpy: the C fill's twin, and the path where the kernels are not built.
 
     Returns ``(rows, cols)``: the path's cells in order. Each step moves one row, one column, or both.
-    Ties and float precision follow the reference exactly (accumulated costs are kept in float32 and
-    a diagonal step wins only when strictly cheaper than both others, a vertical one only when strictly
-    cheaper than both others, otherwise the horizontal step is taken), so paths agree cell for cell.
+    Ties and float precision follow the reference as it runs (accumulated costs are float64: its
+    ``np.ones(..., float32) * np.inf`` is float64 under numba, which types ``np.inf`` as a float64 array
+    operand; a diagonal step wins only when strictly cheaper than both others, a vertical one only when
+    strictly cheaper than both others, otherwise the horizontal step is taken), so paths agree cell for
+    cell. Float32 sums differ from it where two paths' costs differ by less than a float32 rounding.
 
     The recurrence is filled one anti-diagonal at a time: every cell on diagonal ``i + j = k`` depends
     only on diagonals ``k - 1`` and ``k - 2``, so each diagonal is one vectorised numpy step.
     """
     x = np.asarray(x, dtype=np.float64)
     n, m = x.shape
-    cost = np.full((n + 1, m + 1), np.inf, dtype=np.float32)
+    cost = np.full((n + 1, m + 1), np.inf, dtype=np.float64)
     cost[0, 0] = 0.0
     trace = np.full((n + 1, m + 1), -1, dtype=np.int8)
     for k in range(2, n + m + 1):
@@ -71,7 +73,7 @@ def dtw_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         vertical = ~diagonal & (c1 < c0) & (c1 < c2)
         step = np.where(diagonal, 0, np.where(vertical, 1, 2)).astype(np.int8)
         best = np.where(diagonal, c0, np.where(vertical, c1, c2))
-        cost[i, j] = x[i - 1, j - 1] + best.astype(np.float64)  # stored (rounded) as float32
+        cost[i, j] = x[i - 1, j - 1] + best
         trace[i, j] = step
     return _backtrace(trace)
 

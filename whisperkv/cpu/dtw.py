@@ -16,7 +16,7 @@ import numpy as np
 
 from whisperkv.cpu.attend import kernel_function
 
-#: the largest |cost| the C fill takes: sums of n + m of them stay far below its border (FLT_MAX)
+#: the largest |cost| the C fill takes: sums of n + m of them stay far below its border (DBL_MAX)
 MAX_COST = 1e30
 
 

@@ -5,10 +5,10 @@
  * ten numpy calls a diagonal, then backtraces in Python: 12.5 ms for a streaming update's ~40 tokens by
  * ~400 frames on a 2-core Zen 3 (an update costs ~0.4 s), where this takes 0.11 ms.
  *
- * The same numbers as the twin and the reference: accumulated costs are float32, each one the float64
- * sum of the cell and its best predecessor (a float32) rounded to float32; the diagonal step wins only
- * when strictly cheaper than both others, the vertical one only when strictly cheaper than both others,
- * else the horizontal one. The reference's infinite border is a sentinel above every cost here (the
+ * The same numbers as the twin and the reference as numba runs it: accumulated costs are float64, each
+ * one the sum of the cell and its best predecessor; the diagonal step wins only when strictly cheaper
+ * than both others, the vertical one only when strictly cheaper than both others, else the horizontal
+ * one. The reference's infinite border is a sentinel above every cost here (the
  * caller passes finite matrices only: -ffast-math assumes no infinity or NaN), and a border cell is never
  * chosen where an inner one is finite, so no sum ever reads it. Rows are filled one at a time, two rows of
  * costs kept; the steps (one byte a cell) are kept for the backtrace. */
@@ -16,15 +16,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define BORDER FLT_MAX /* the reference's infinity: above any accumulated cost of a finite matrix */
+#define BORDER DBL_MAX /* the reference's infinity: above any accumulated cost of a finite matrix */
 
 /* The path's cells into rows[] and cols[] (each at least n + m long), first cell first; returns their
  * count, or -1 where the steps' buffer cannot be allocated. */
 long wkv_dtw(const double *x, long n, long m, long *rows, long *cols)
 {
     int8_t *trace = malloc((size_t)((n + 1) * (m + 1)));
-    float *above = malloc(sizeof(float) * (size_t)(m + 1));
-    float *here = malloc(sizeof(float) * (size_t)(m + 1));
+    double *above = malloc(sizeof(double) * (size_t)(m + 1));
+    double *here = malloc(sizeof(double) * (size_t)(m + 1));
     if (!trace || !above || !here) {
         free(trace);
         free(above);
@@ -32,13 +32,13 @@ long wkv_dtw(const double *x, long n, long m, long *rows, long *cols)
         return -1;
     }
     for (long j = 0; j <= m; j++) above[j] = BORDER;
-    above[0] = 0.0f;
+    above[0] = 0.0;
     for (long i = 1; i <= n; i++) {
         here[0] = BORDER;
         for (long j = 1; j <= m; j++) {
-            const float c0 = above[j - 1], c1 = above[j], c2 = here[j - 1];
+            const double c0 = above[j - 1], c1 = above[j], c2 = here[j - 1];
             int8_t step;
-            float best;
+            double best;
             if (c0 < c1 && c0 < c2) {
                 step = 0, best = c0;
             } else if (c1 < c0 && c1 < c2) {
@@ -46,10 +46,10 @@ long wkv_dtw(const double *x, long n, long m, long *rows, long *cols)
             } else {
                 step = 2, best = c2;
             }
-            here[j] = (float)(x[(i - 1) * m + (j - 1)] + (double)best);
+            here[j] = x[(i - 1) * m + (j - 1)] + best;
             trace[i * (m + 1) + j] = step;
         }
-        float *swap = above;
+        double *swap = above;
         above = here;
         here = swap;
     }
