@@ -202,20 +202,24 @@ PARTED = [*JFK[:5], ("voiced", 3.2, 3.6), ("speech", 3.65, 4), ("whatsoever", 4.
 
 
 class Guessing(TimelineDecoder):
-    """Hears the words from ``hard`` to ``until`` s, improbable (0.05) and otherwise at each hearing, in a
-    buffer that ends before ``until``: where the VAD parts whispered speech, what it closed alone."""
+    """Hears the words from ``hard`` to ``until`` s otherwise at each hearing, in a buffer that ends before
+    ``until``: where the VAD parts whispered speech, what it closed alone. Guessed improbable (0.05), or
+    (``undated``) at 0.5 but dated with no length, as the alignment dates speech it cannot place."""
 
-    def __init__(self, words: list, hard: float, until: float) -> None:
+    def __init__(self, words: list, hard: float, until: float, undated: bool = False) -> None:
         super().__init__(words)
-        self.hard, self.until = hard, until
+        self.hard, self.until, self.undated = hard, until, undated
 
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str):  # noqa: ANN201
         heard = super().decode(audio, start_sample, prompt)
         if (start_sample + len(audio)) / SR >= self.until:
             return heard
         b0 = start_sample / SR
+        guess = f" guess{self.decodes}"
         words = [
-            Word(f" guess{self.decodes}", w.start, w.end, 0.05) if w.start + b0 >= self.hard else w
+            (Word(guess, w.start, w.start, 0.5) if self.undated else Word(guess, w.start, w.end, 0.05))
+            if w.start + b0 >= self.hard
+            else w
             for w in heard.words
         ]
         return Hypothesis(words, heard.segment_ends, heard.boundaries)
@@ -232,6 +236,45 @@ def test_words_a_close_hears_as_improbable_are_heard_again_with_what_follows(com
     session = StreamingSession(decoder, vad=ScriptVAD(words))
     list(run_stream(Silence(7.0), session, SimulatedClock(compute), 1.0))
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5])
+def test_words_a_close_dates_with_no_length_are_heard_again_with_what_follows(compute):
+    """The utterances file (int8, 0.1 s per update) closed an utterance on "I have a little bit of a thick
+    tip.", probable enough (0.06-0.77) but dated with no length: Whisper's hallucination rule rejects such
+    words, and they are held and heard again with what follows, as improbable ones are."""
+    words = list(PARTED)
+    decoder = Guessing(words, hard=3.2, until=4.9, undated=True)
+    session = StreamingSession(decoder, vad=ScriptVAD(words))
+    list(run_stream(Silence(7.0), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
+class RepeatsUndated(TimelineDecoder):
+    """Dates a word that repeats the one before with no length, as the alignment dated mfa_words' run."""
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str):  # noqa: ANN201
+        heard = super().decode(audio, start_sample, prompt)
+        words = heard.words[:1] + [
+            Word(w.text, w.start, w.start, w.probability) if w.text == before.text else w
+            for before, w in zip(heard.words, heard.words[1:])
+        ]
+        return Hypothesis(words, heard.segment_ends, heard.boundaries)
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5])
+def test_a_run_of_a_repeated_word_dated_with_no_length_is_committed_at_its_close(compute):
+    """mfa_words' "Word. Word. Word.", each "word" said once: the alignment dates the repeats with no
+    length, which the hallucination rule counts against them. Held, they were heard again with what
+    followed and one "word" too many came back; the close commits them (the rule does not count a
+    repeat's length), before the next utterance is said."""
+    run = [(f"word.{'|' if i == 3 else ''}", 3.2 + 0.6 * i, 3.6 + 0.6 * i) for i in range(4)]
+    words = [*JFK[:5], *run, ("ask", 7.5, 7.9), ("not.|", 8.0, 8.5)]
+    session = StreamingSession(RepeatsUndated(words), vad=ScriptVAD(words))
+    events = list(run_stream(Silence(9.5), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+    by_then = sum(len(e.words) for e in events if e.type == "commit" and e.audio_time < 7.5)
+    assert by_then == len(words) - 2
 
 
 def test_words_improbable_at_every_hearing_are_held_once_not_again():

@@ -338,6 +338,8 @@ def get_end(segments: list[dict]) -> float | None:
 
 #: below this probability a word is improbable (Whisper's hallucination rule)
 IMPROBABLE_WORD = 0.15
+#: a word dated shorter than this (seconds) is implausibly short (the same rule)
+SHORTEST_PLAUSIBLE_WORD = 0.133
 
 
 def word_anomaly_score(word: dict) -> float:
@@ -347,8 +349,8 @@ def word_anomaly_score(word: dict) -> float:
     score = 0.0
     if probability < IMPROBABLE_WORD:
         score += 1.0
-    if duration < 0.133:
-        score += (0.133 - duration) * 15
+    if duration < SHORTEST_PLAUSIBLE_WORD:
+        score += (SHORTEST_PLAUSIBLE_WORD - duration) * 15
     if duration > 2.0:
         score += duration - 2.0
     return score

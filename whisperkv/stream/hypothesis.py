@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from whisperkv.engine.segments import PUNCTUATION
 from whisperkv.stream.events import Word
-from whisperkv.timing import IMPROBABLE_WORD, is_segment_anomaly
+from whisperkv.timing import SHORTEST_PLAUSIBLE_WORD, is_segment_anomaly
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,24 +44,28 @@ class Hypothesis:
     def looks_hallucinated(self) -> bool:
         """Whisper's hallucination rule (``is_segment_anomaly``: the first words improbable, implausibly
         short or long) on the words; a word of unknown probability is judged by its times alone."""
-        words = [
-            {
-                "word": w.text,
-                "start": w.start,
-                "end": w.end,
-                "probability": 1.0 if w.probability is None else w.probability,
-            }
-            for w in self.words
-        ]
-        return is_segment_anomaly({"words": words}, PUNCTUATION)
+        return is_segment_anomaly({"words": self._judged(repeats_short=True)}, PUNCTUATION)
 
     @property
-    def improbable(self) -> bool:
-        """Whether half or more of its first 8 words are below Whisper's mark of an improbable word (0.15,
-        ``word_anomaly_score``). By probability alone: the alignment dates a run of a repeated word
-        ("Word. Word. Word.") with no length, which the hallucination rule also counts against it."""
-        sure = [w.probability for w in self.words[:8] if w.probability is not None]
-        return bool(sure) and 2 * sum(p < IMPROBABLE_WORD for p in sure) >= len(sure)
+    def doubtful(self) -> bool:
+        """The hallucination rule, but a word that repeats the one before is not counted short: the
+        alignment dates a run of a repeated word ("Word. Word. Word.") with no length, which says nothing
+        of whether it was said (mfa_words' "word"s, each said once, are such a run)."""
+        return is_segment_anomaly({"words": self._judged(repeats_short=False)}, PUNCTUATION)
+
+    def _judged(self, repeats_short: bool) -> list[dict]:
+        """The words as the hallucination rule reads them; with ``repeats_short`` False a repeated word
+        is given the shortest length the rule does not count against it."""
+        judged, previous = [], None
+        for w in self.words:
+            key = w.text.strip(PUNCTUATION + " ").lower()
+            start = w.start
+            if not repeats_short and key and key == previous:
+                start = min(w.start, w.end - SHORTEST_PLAUSIBLE_WORD)
+            previous = key
+            probability = 1.0 if w.probability is None else w.probability
+            judged.append({"word": w.text, "start": start, "end": w.end, "probability": probability})
+        return judged
 
     def word_boundaries(self) -> list[tuple[int, float]]:
         """(words before the cut, the cut's time) for each complete segment end: after the segment's last

@@ -271,8 +271,8 @@ class StreamingSession(PauseHearing):
         if last is not None and not last.repetitive:
             rest = self.agreement.unseen(last.words) if stopped is not None else []
             cut_off = any(w.end >= stopped for w in rest)
-            # new words mostly improbable are heard again with what follows, once
-            doubted = Hypothesis(rest).improbable and self.reheard is None
+            # new words that look hallucinated are heard again with what follows, once
+            doubted = Hypothesis(rest).doubtful and self.reheard is None
             before = float("-inf") if doubted else stopped
             cut_off = cut_off or doubted
             events += self._commit(self.agreement.flush(last.words, before=before))
