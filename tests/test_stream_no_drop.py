@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from whisperkv.stream import agreement
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
 from whisperkv.stream.hypothesis import Hypothesis
@@ -302,3 +303,65 @@ def test_a_trimmed_buffer_keeps_speech_before_the_words_it_has_yet_to_agree_on(c
     list(run_stream(Silence(said[-1][2] + 0.8), session, SimulatedClock(compute), 1.0))
     assert decoder.decodes > 20 and session.buffer_start > 0  # trimmed, many times
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in said]
+
+
+class SkippingDecoder(TimelineDecoder):
+    """Hears the word at ``long`` stretched over the next ``skipped`` words, which it skips, in a buffer
+    that starts ``far`` s or more before that word (``far`` None: in every buffer): tiny.en read the
+    sonnets' "warm and[104.70-112.94] thou" over 8 s of speech from a buffer starting at 98.9 s."""
+
+    def __init__(self, words: list, long: int, skipped: int, far: float | None) -> None:
+        super().__init__(words)
+        self.long, self.far = words[long], far
+        self.skipped = {plain(t) for t, _, _ in words[long + 1 : long + 1 + skipped]}
+        self.until = words[long + skipped][2]  # where the skipped speech ends
+
+    def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
+        heard = super().decode(audio, start_sample, prompt)
+        b0 = start_sample / SR
+        near = self.far is not None and b0 > self.long[1] - self.far
+        if near or (start_sample + len(audio)) / SR < self.until + 0.5:  # or not heard past the speech yet
+            return heard
+        stretched, until = plain(self.long[0]), self.until - b0
+        kept = [i for i, w in enumerate(heard.words) if w.text.strip() not in self.skipped]
+        words = [heard.words[i] for i in kept]
+        words = [
+            Word(w.text, w.start, until, w.probability) if w.text.strip() == stretched else w for w in words
+        ]
+        # the segments that end inside the skipped speech are not heard either
+        ends = [(e, n) for e, n in zip(heard.segment_ends, heard.boundaries) if n - 1 in kept]
+        return Hypothesis(words, [e for e, _ in ends], [kept.index(n - 1) + 1 for _, n in ends])
+
+
+LONG_SAID = [(f"w{i}" + ("|" if i % 6 == 5 else ""), 0.5 * i, 0.5 * i + 0.4) for i in range(30)]
+
+
+def stream_skipping(compute: float, far: float | None) -> tuple[list[str], float]:
+    """The committed words and when the stretched word was committed."""
+    decoder = SkippingDecoder(LONG_SAID, long=8, skipped=7, far=far)
+    session = StreamingSession(decoder)
+    events = list(run_stream(Silence(LONG_SAID[-1][2] + 0.8), session, SimulatedClock(compute), 1.0))
+    at = next(e.audio_time for e in events if e.type == "commit" and any(w.text == " w8" for w in e.words))
+    return [w.text.strip() for w in session.agreement.committed], at
+
+
+@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0])
+def test_a_word_stretched_over_skipped_speech_is_heard_again_nearer(compute):
+    """A word two hearings date 3 s or more long, with a word after it, is not committed on their word:
+    the buffer is cut ``CONTEXT_S`` before it, and a buffer starting there hears the speech it hid (here
+    w9-w15, lost without the rule at 3 and 5 s per update; at 1.5 s they are committed as they are said,
+    before any hearing skips them). Not handled: a stream so slow (8 s per update here) that the end of
+    input closes it before a second update: its last hearing is taken as it is."""
+    committed, _ = stream_skipping(compute, far=3.0)
+    assert committed == [plain(t) for t, _, _ in LONG_SAID]
+
+
+@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0])
+def test_a_word_heard_long_again_is_taken_as_heard(compute, monkeypatch):
+    """Where the nearer buffer still hears the word long (speech the model cannot read, a pause dated into
+    a word) it is committed as heard, one update later than without the rule, not held to the cap."""
+    committed, at = stream_skipping(compute, far=None)
+    monkeypatch.setattr(agreement, "LONGEST_WORD_S", float("inf"))
+    without, at_without = stream_skipping(compute, far=None)
+    assert committed == without
+    assert at_without <= at <= at_without + max(compute, 1.0) + 1e-9, (at, at_without)

@@ -11,6 +11,8 @@ fall inside its last word), and the prompt is exactly the committed words before
 begins where its prompt ends (a cut inside "you" with a prompt ending "... can do for" lost jfk's "what
 you can do for your" at 1.5 s per update). Words held until the buffer's cap by one no two hearings agree
 on are committed as last heard (``STALL_UPDATES``), not left at the start of a buffer the model may skip.
+A word two hearings date so long that it may hide skipped speech is heard again, once, from a buffer cut
+nearer to it (``_hear_again``).
 
 With a VAD, silence never enters an utterance's buffer and the end of speech closes the utterance: its
 last hypothesis is committed whole, but for words heard running past the VAD's end, and new words that
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from whisperkv.stream.agreement import LocalAgreement, same_word
+from whisperkv.stream.agreement import LocalAgreement, same_word, stretched
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
 from whisperkv.stream.pauses import SAMPLE_RATE, WINDOW, PauseHearing
@@ -119,7 +121,20 @@ class StreamingSession(PauseHearing):
         events = self._commit(self.agreement.update(hypothesis.words, heard_end))
         if self.agreement.previous:
             events.append(Event.of_words("partial", self.agreement.previous, self.now))
+        if self.agreement.skipping is not None:
+            self._hear_again(hypothesis, self.agreement.skipping)
         return events + self._trim(hypothesis)
+
+    def _hear_again(self, hypothesis: Hypothesis, long: Word) -> None:
+        """A word that may hide skipped speech (``agreement.LONGEST_WORD_S``) is heard again, once, from a
+        buffer cut ``CONTEXT_S`` before it where one can be: the next hearing starts near the speech the
+        last ones skipped; a long word heard again is then taken as it is heard."""
+        start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
+        self.agreement.long_heard_to = long.end
+        cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, long.start, anywhere=True)
+        if cuts:
+            count, cut = cuts[-1]
+            self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
 
     def finish(self) -> list[Event]:
         """End of input: what is left is committed."""
@@ -307,7 +322,8 @@ class StreamingSession(PauseHearing):
         "1455" as "14-55"), else of the buffer; also where the whole hearing stops before the words heard
         already (one of mfa_cold_corpus from 0 s stopped before its last words, "Great, thanks.") or,
         where the VAD heard speech stop at ``stopped``, ``GAP_S`` before it (the utterances file at 3 s per
-        update: every hearing from 56.5 s stopped at "Alright, thanks.", 9 s of speech before the end)."""
+        update: every hearing from 56.5 s stopped at "Alright, thanks.", 9 s of speech before the end), or
+        where it dates a new word long enough to hide skipped speech (``agreement.stretched``)."""
         start, first = self.utterance_from
         if self.audio_start <= start < self.buffer_start and end - start <= WINDOW * SAMPLE_RATE:
             heard_to = max([self.agreement.last_end] + [w.end for w in self.agreement.previous])
@@ -315,7 +331,9 @@ class StreamingSession(PauseHearing):
             kept = self.buffer_start, self.agreement.first_in_buffer
             self.buffer_start, self.agreement.first_in_buffer = start, first
             whole = self._decode(end, closing=True)
-            if not whole.repetitive and whole.words and whole.words[-1].end >= heard_to - WORD_AT_END_S:
+            words, last = whole.words, self.agreement.last_end
+            skips = any(stretched(words, i) and words[i].end > last for i in range(len(words)))
+            if not whole.repetitive and words and words[-1].end >= heard_to - WORD_AT_END_S and not skips:
                 return whole
             self.buffer_start, self.agreement.first_in_buffer = kept
         return self._decode(end, closing=True)
