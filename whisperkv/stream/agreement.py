@@ -51,7 +51,7 @@ SURE_BEFORE_CUT = 0.8
 RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda nb: (max(nb), sum(nb)))
 #: a word two hearings share after parting is the same word if they date it this close (seconds)
 RESYNC_S = 0.5
-#: a word dated longer than this (seconds), with a word heard after it, may hide skipped speech
+#: a word dated this long or longer (seconds), with a word heard after it, may hide skipped speech
 LONGEST_WORD_S = 3.0
 
 
