@@ -229,8 +229,8 @@ class Guessing(TimelineDecoder):
 def test_words_a_close_hears_as_improbable_are_heard_again_with_what_follows(compute):
     """mfa_whisper2 at 1.5 s per update: the VAD closed "voiced" alone; heard with and without the prompt
     it was improbable words ("Points P advising from me to come.", 0.00-0.11), and they were committed.
-    New words of a close that are mostly improbable are now held once, and heard with what follows
-    ("Boy, speech whatsoever here.")."""
+    New words of a close that look hallucinated (these are improbable) are now held once, and heard with
+    what follows ("Boy, speech whatsoever here.")."""
     words = list(PARTED)
     decoder = Guessing(words, hard=3.2, until=4.9)
     session = StreamingSession(decoder, vad=ScriptVAD(words))

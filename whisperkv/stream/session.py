@@ -16,7 +16,8 @@ nearer to it (``_hear_again``).
 
 With a VAD, silence never enters an utterance's buffer and the end of speech closes the utterance: its
 last hypothesis is committed whole, but for words heard running past the VAD's end, and new words that
-are mostly improbable (once): both are heard again with what follows. End of input closes too.
+look hallucinated (``Hypothesis.doubtful``, once): both are heard again with what follows. End of input
+closes too.
 What the VAD called a pause is heard once, whole, when it is over (``pauses``). Without a VAD,
 a stretch of ``GAP_S`` or more with no word heard is heard once alone (``_hear_gap``). Committed text is
 never retracted. ``confident`` (off by default) also commits a word the model was sure of at its first
