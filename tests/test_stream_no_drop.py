@@ -345,18 +345,18 @@ def stream_skipping(compute: float, far: float | None) -> tuple[list[str], float
     return [w.text.strip() for w in session.agreement.committed], at
 
 
-@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0])
+@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0, 8.0, 16.0])
 def test_a_word_stretched_over_skipped_speech_is_heard_again_nearer(compute):
     """A word two hearings date 3 s or more long, with a word after it, is not committed on their word:
     the buffer is cut ``CONTEXT_S`` before it, and a buffer starting there hears the speech it hid (here
     w9-w15, lost without the rule at 3 and 5 s per update; at 1.5 s they are committed as they are said,
-    before any hearing skips them). Not handled: a stream so slow (8 s per update here) that the end of
-    input closes it before a second update: its last hearing is taken as it is."""
+    before any hearing skips them). A stream so slow (8 and 16 s per update) that the end of input closes
+    it before a second update hears the skip: the close hears it nearer (``_hear_nearer``)."""
     committed, _ = stream_skipping(compute, far=3.0)
     assert committed == [plain(t) for t, _, _ in LONG_SAID]
 
 
-@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0])
+@pytest.mark.parametrize("compute", [1.5, 3.0, 5.0, 8.0, 16.0])
 def test_a_word_heard_long_again_is_taken_as_heard(compute, monkeypatch):
     """Where the nearer buffer still hears the word long (speech the model cannot read, a pause dated into
     a word) it is committed as heard, one update later than without the rule, not held to the cap."""

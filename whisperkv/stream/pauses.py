@@ -1,4 +1,5 @@
-"""Hearing what the VAD called a pause: once, whole, when it is over (issue 42).
+"""Hearing a stretch no utterance's words cover: what the VAD called a pause, once, whole, when it is
+over; without a VAD, a gap with no word heard before a new word, once, alone (``_hear_gap``; issue 42).
 
 silero-vad scored mfa_whisper2's whispered half at most 0.13 against its 0.5 threshold, so that audio never
 entered an utterance's buffer. A pause with a frame that came near speech is decoded when it is over (the
@@ -14,21 +15,27 @@ from typing import TYPE_CHECKING
 from whisperkv.stream.hypothesis import WORD_AT_END_S
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from whisperkv.stream.agreement import LocalAgreement
     from whisperkv.stream.events import Event, Word
-    from whisperkv.stream.hypothesis import Hypothesis
+    from whisperkv.stream.hypothesis import Hypothesis, UpdateDecoder
     from whisperkv.stream.vad import SpeechDetector
 
 SAMPLE_RATE = 16000
 #: seconds of audio one decode sees (Whisper's window)
 WINDOW = 30
+#: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
+GAP_S = 2.0
 
 
 class PauseHearing:
     """The pause's hearing; the session's state and steps it uses, named."""
 
     agreement: LocalAgreement
+    decoder: UpdateDecoder
     vad: SpeechDetector | None
+    audio: np.ndarray
     min_audio: int
     audio_start: int
     buffer_start: int
@@ -36,6 +43,7 @@ class PauseHearing:
     closed_at: int
     last_buffer: tuple[int, int] | None
     decoded: tuple[int, int] | None
+    gap_heard_to: float  # without a VAD: where the last gap heard alone ended (seconds)
 
     @property
     def held(self) -> bool: ...
@@ -45,6 +53,8 @@ class PauseHearing:
     def _commit(self, words: list[Word]) -> list[Event]: ...
 
     def _moved_on(self) -> None: ...
+
+    def _cut(self, sample: int, carried: int = 0) -> None: ...
 
     def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
         """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
@@ -88,3 +98,27 @@ class PauseHearing:
         self.agreement.first_in_buffer = first
         self.agreement.fresh = first == len(self.agreement.committed)  # nothing committed in the buffer
         return begin
+
+    def _hear_gap(self, hypothesis: Hypothesis) -> list[Event] | None:
+        """Without a VAD: a stretch of ``GAP_S`` or more with no word heard, between the committed words
+        and the next new word, is heard once alone (no prompt: with it, the utterances file at 3 s per
+        update heard "there is going to be no more speech whatsoever here" as nothing, then cut past it).
+        Its words (unless the hallucination rule rejects them) are committed, the buffer starts after
+        them; None where the gap held none."""
+        new = self.agreement.unseen(hypothesis.words)
+        start = max(self.agreement.last_end, self.buffer_start / SAMPLE_RATE, self.gap_heard_to)
+        if not new or new[0].start - start < GAP_S:
+            return None
+        end = self.gap_heard_to = new[0].start
+        first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
+        audio = self.audio[first - self.audio_start : last - self.audio_start]
+        heard = self.decoder.decode(audio, first, "").shifted(start)
+        # the gap ends where the hypothesis dates the next word: the last words before may be cut there
+        words = [w for w in heard.words if w.end <= end - WORD_AT_END_S]
+        if words and not words[-1].ends_sentence:
+            words.pop()
+        if not words or heard.repetitive or heard.looks_hallucinated:
+            return None
+        events = self._commit(self.agreement.flush(words))
+        self._cut(int(self.agreement.last_end * SAMPLE_RATE))  # every word before is committed
+        return events

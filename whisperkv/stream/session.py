@@ -31,15 +31,13 @@ import numpy as np
 from whisperkv.stream.agreement import LocalAgreement, same_word, stretched
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
-from whisperkv.stream.pauses import SAMPLE_RATE, WINDOW, PauseHearing
+from whisperkv.stream.pauses import GAP_S, SAMPLE_RATE, WINDOW, PauseHearing
 from whisperkv.stream.vad import SpeechDetector
 
 #: characters of committed text given as the prompt (whisper_streaming uses 200)
 PROMPT_CHARS = 200
 #: audio kept before the current position while nobody speaks: the VAD dates a start back by its padding
 HISTORY_S = 1.0
-#: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
-GAP_S = 2.0
 #: at the buffer's cap, after this many updates that committed nothing, words pending ``STALL_S`` before
 #: the audio heard are committed as last heard (the utterances' "soil price.", read otherwise at each of
 #: ten hearings, held 15 words; the buffer cut before it was heard from 5.6 s on)
@@ -207,30 +205,6 @@ class StreamingSession(PauseHearing):
             hypothesis = self.decoder.decode(audio, self.buffer_start, "")
         return hypothesis.shifted(self.buffer_start / SAMPLE_RATE)
 
-    def _hear_gap(self, hypothesis: Hypothesis) -> list[Event] | None:
-        """Without a VAD: a stretch of ``GAP_S`` or more with no word heard, between the committed words
-        and the next new word, is heard once alone (no prompt: with it, the utterances file at 3 s per
-        update heard "there is going to be no more speech whatsoever here" as nothing, then cut past it).
-        Its words (unless the hallucination rule rejects them) are committed, the buffer starts after
-        them; None where the gap held none."""
-        new = self.agreement.unseen(hypothesis.words)
-        start = max(self.agreement.last_end, self.buffer_start / SAMPLE_RATE, self.gap_heard_to)
-        if not new or new[0].start - start < GAP_S:
-            return None
-        end = self.gap_heard_to = new[0].start
-        first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
-        audio = self.audio[first - self.audio_start : last - self.audio_start]
-        heard = self.decoder.decode(audio, first, "").shifted(start)
-        # the gap ends where the hypothesis dates the next word: the last words before may be cut there
-        words = [w for w in heard.words if w.end <= end - WORD_AT_END_S]
-        if words and not words[-1].ends_sentence:
-            words.pop()
-        if not words or heard.repetitive or heard.looks_hallucinated:
-            return None
-        events = self._commit(self.agreement.flush(words))
-        self._cut(int(self.agreement.last_end * SAMPLE_RATE))  # every word before is committed
-        return events
-
     def _prompt(self) -> str:
         """Committed text whose audio is no longer in the buffer (what is in it, the buffer says itself)."""
         return join_words(self.agreement.committed[: self.agreement.first_in_buffer])[-PROMPT_CHARS:]
@@ -285,6 +259,8 @@ class StreamingSession(PauseHearing):
         last = self._closing_hearing(end, stopped) if end - self.buffer_start >= self.min_audio // 5 else None
         cut_off = False  # words left for a later hearing (aligned again only where the VAD closed it)
         if last is not None and not last.repetitive:
+            nearer, last = self._hear_nearer(last, end)
+            events += nearer
             rest = self.agreement.unseen(last.words) if stopped is not None else []
             cut_off = any(w.end >= stopped for w in rest)
             # new words that look hallucinated are heard again with what follows, once
@@ -338,6 +314,24 @@ class StreamingSession(PauseHearing):
                 return whole
             self.buffer_start, self.agreement.first_in_buffer = kept
         return self._decode(end, closing=True)
+
+    def _hear_nearer(self, last: Hypothesis, end: int) -> tuple[list[Event], Hypothesis]:
+        """A close's hearing that dates a new word long enough to hide skipped speech (``stretched``), not
+        heard so already, is heard again, once, from ``CONTEXT_S`` before that word, as an update's would be
+        (``_hear_again``): its words before the cut are committed, the nearer hearing closes the utterance.
+        A stream so slow that the end of input came before a second update had taken the skip as heard."""
+        words, new, start = last.words, self.agreement.unseen(last.words), self.buffer_start / SAMPLE_RATE
+        heard_to = self.agreement.long_heard_to
+        longs = [w for i, w in enumerate(new) if stretched(new, i) and w.start >= heard_to]
+        cuts = last.cuts_within(len(words), start, CONTEXT_S, longs[0].start, True) if longs else []
+        if not cuts:
+            return [], last
+        self.agreement.long_heard_to = longs[0].end
+        (count, cut), seen = cuts[-1], len(words) - len(new)
+        events = self._commit(self.agreement.flush(words[:count]))
+        self._cut(int(cut * SAMPLE_RATE), carried=seen - count)
+        nearer = self._decode(end, closing=True)
+        return events, last if nearer.repetitive else nearer  # a loop: the words after the cut as first heard
 
     def _catch_up(self, end: int) -> list[Event]:
         """A stream that fell behind (updates slower than the audio) may close an utterance longer than one
