@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.engine.options import TranscribeOptions
 from whisperkv.engine.scheduler import Scheduler
 from whisperkv.faster import language as detection
@@ -27,7 +28,6 @@ from whisperkv.faster.options import TEMPERATURES, build_options, check_unsuppor
 from whisperkv.faster.types import Segment, TranscriptionInfo, TranscriptionOptions, VadOptions, Word
 from whisperkv.tokenizer import LANGUAGES
 
-SAMPLE_RATE = 16000
 PUNCTUATION_BEFORE = "\"'“¿([{-"
 PUNCTUATION_AFTER = "\"'.。,，!！?？:：”)]}、"
 #: faster-whisper's compute types → whisperkv's (its int8 keeps float32 activations: CTranslate2's

@@ -16,9 +16,8 @@ from dataclasses import asdict, fields
 import numpy as np
 import torch
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.faster.types import Segment, VadOptions
-
-SAMPLE_RATE = 16000
 
 
 def vad_options(parameters: dict | VadOptions | None, **overrides: float) -> VadOptions:

@@ -38,6 +38,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from uvicorn.protocols.utils import ClientDisconnected
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.errors import WhisperKVError
 from whisperkv.serve.realtime_admission import deny, refusal, sessions_full
 from whisperkv.serve.realtime_decoder import SchedulerDecoder
@@ -52,7 +53,7 @@ from whisperkv.serve.realtime_events import (
 from whisperkv.serve.settings import ServeSettings
 from whisperkv.stream.events import Event
 from whisperkv.stream.pcm import PCMError, Resampler
-from whisperkv.stream.session import SAMPLE_RATE, StreamingSession
+from whisperkv.stream.session import StreamingSession
 from whisperkv.stream.vad import SpeechDetector
 
 router = APIRouter()

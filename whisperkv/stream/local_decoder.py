@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from whisperkv.audio import HOP_LENGTH
+from whisperkv.audio import HOP_LENGTH, SAMPLE_RATE
 from whisperkv.cache.store import CacheStore, EncodedWindow
 from whisperkv.decoding.decode import decode_window
 from whisperkv.decoding.options import DecodingResult
@@ -36,8 +36,6 @@ from whisperkv.transcribe import DEFAULT_TEMPERATURES
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
     from whisperkv.tokenizer import Tokenizer
-
-SAMPLE_RATE = 16000
 
 
 class LocalDecoder:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.stream.hypothesis import WORD_AT_END_S
 
 if TYPE_CHECKING:
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from whisperkv.stream.hypothesis import Hypothesis, UpdateDecoder
     from whisperkv.stream.vad import SpeechDetector
 
-SAMPLE_RATE = 16000
 #: seconds of audio one decode sees (Whisper's window)
 WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)

@@ -20,9 +20,10 @@ from typing import Protocol
 
 import numpy as np
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.stream.clock import RealtimeClock, SimulatedClock
 from whisperkv.stream.events import Event
-from whisperkv.stream.session import SAMPLE_RATE, StreamingSession
+from whisperkv.stream.session import StreamingSession
 
 #: seconds of audio between feeds of the session when the chunk is longer: how soon the VAD hears it
 LISTEN_S = 0.25

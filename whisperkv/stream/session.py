@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from whisperkv.audio import SAMPLE_RATE
 from whisperkv.stream.agreement import LocalAgreement, same_word, stretched
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
-from whisperkv.stream.pauses import GAP_S, SAMPLE_RATE, WINDOW, PauseHearing
+from whisperkv.stream.pauses import GAP_S, WINDOW, PauseHearing
 from whisperkv.stream.vad import SpeechDetector
 
 #: characters of committed text given as the prompt (whisper_streaming uses 200)

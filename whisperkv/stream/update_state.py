@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from whisperkv.audio import HOP_LENGTH, N_FRAMES, pad_or_trim
+from whisperkv.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim
 from whisperkv.audio_source import InMemorySource
 from whisperkv.cache.provenance import CrossKVProvenance
 from whisperkv.cache.store import CacheStore, EncodedWindow
@@ -36,7 +36,6 @@ from whisperkv.timing import add_word_timestamps
 if TYPE_CHECKING:
     from whisperkv.model.whisper import Whisper
 
-SAMPLE_RATE = 16000
 #: the seed of a stream's own sampling generator (the fallback temperatures): the same draws whichever
 #: path decodes the stream and whatever else runs beside it
 SAMPLING_SEED = 0

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from whisperkv.audio import SAMPLE_RATE
+
 FRAME = 512
 #: a pause whose most speech-like frame scores at least this may hold words the VAD did not start on
 MAYBE_SPEECH = 0.1
