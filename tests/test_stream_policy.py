@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import torch_threads
-from whisperkv.stream.agreement import CONFIDENT_MARGIN_S, SURE_BEFORE_CUT, LocalAgreement
+from whisperkv.stream.agreement import CONFIDENT_MARGIN_S, SURE_BEFORE_CUT, LocalAgreement, skip_start
 from whisperkv.stream.clock import SimulatedClock
 from whisperkv.stream.events import Word
 from whisperkv.stream.hypothesis import Hypothesis, hypothesis_from_segments
@@ -600,3 +600,39 @@ def test_a_forced_cut_falls_after_words_heard_twice_and_carries_the_confident_on
     assert all(start / SR <= end for start, end in forced)  # never after a word heard only once
     texts = [w.text.strip() for w in session.agreement.committed]
     assert texts == [f"w{i}" for i in range(len(texts))] and len(texts) >= 12
+
+
+#: two hearings of the utterances file without a VAD at 3 s per update (int8, Zen 4), from a buffer starting
+#: at 93.08 s: "For" dated into "She had your dark suit in greasy wash for all year." (104.4-108.9 s), which
+#: they skipped, "although" stretched over the rest of it
+FAR_HEARING = [
+    ("And", 100.72, 101.06), ("I", 101.06, 101.14), ("should", 101.14, 101.24), ("be", 101.24, 101.34),
+    ("all", 101.34, 101.66), ("thanks.", 101.66, 103.08), ("For", 106.86, 107.68),
+    ("although", 107.68, 110.74), ("the", 110.74, 111.02), ("Chinese", 111.02, 111.46),
+]  # fmt: skip
+
+
+def test_words_dated_into_the_speech_a_long_word_hides_are_held_with_it():
+    """A long word's skip may begin before it: "For", heard after 3.8 s with no word and less than
+    ``LONGEST_WORD_S`` before the stretched "although", is not committed on two hearings' word (committed, a
+    nearer hearing took the skipped sentence's own "for" for it and lost "She had your dark suit in greasy
+    wash"); the buffer is to be cut ``CONTEXT_S`` before it (``skip_from``). "although" 3 s shorter: "For"
+    and the rest are committed."""
+    heard = [Word(" " + t, s, e, 0.9) for t, s, e in FAR_HEARING]
+    assert skip_start(heard, 7) == 6 and skip_start(heard, 5) == 5  # no stretch before "thanks."
+    la = LocalAgreement()
+    la.update(heard, heard_end=111.5)
+    committed = la.update(heard, heard_end=113.0)
+    assert [w.text.strip() for w in committed] == ["And", "I", "should", "be", "all", "thanks."]
+    assert la.skipping is not None and la.skipping.text == " although" and la.skip_from == 106.86
+    later = [Word(w.text, w.start, w.end - 3.0, w.probability) if w.text == " although" else w for w in heard]
+    assert [w.text.strip() for w in committed_after_thanks(later)] == ["For", "although", "the", "Chinese"]
+
+
+def committed_after_thanks(hypothesis: list[Word]) -> list[Word]:
+    """What two hearings of ``hypothesis`` commit after "thanks." was committed (no long word: all)."""
+    la = LocalAgreement()
+    la.update(hypothesis[:6], heard_end=103.5)
+    la.update(hypothesis[:6], heard_end=104.0)
+    la.update(hypothesis, heard_end=111.5)
+    return la.update(hypothesis, heard_end=113.0)

@@ -53,11 +53,28 @@ RESYNC = sorted(((n, b) for n in range(1, 4) for b in range(1, 4)), key=lambda n
 RESYNC_S = 0.5
 #: a word dated this long or longer (seconds), with a word heard after it, may hide skipped speech
 LONGEST_WORD_S = 3.0
+#: a stretch with no word heard this long (seconds) just before such a word may be where the skip began
+QUIET_S = 2.0
 
 
 def stretched(words: list[Word], i: int) -> bool:
     """Whether ``words[i]`` may hide skipped speech: dated ``LONGEST_WORD_S`` or longer, a word after it."""
     return words[i].end - words[i].start >= LONGEST_WORD_S and i + 1 < len(words)
+
+
+def skip_start(words: list[Word], i: int) -> int:
+    """The first word that may lie in the speech a ``stretched`` ``words[i]`` hides: ``i``, or the first
+    word after a stretch of ``QUIET_S`` with no word heard that ends less than ``LONGEST_WORD_S`` before it.
+    The utterances file without a VAD at 3 s per update read "thanks.[-103.08] For[106.86-107.68]
+    although[107.68-110.74]" from buffers starting 10 s before: "For" dated into "She had your dark suit in
+    greasy wash water all year.", which those hearings skipped; committed, it was taken for the "for" of
+    "wash for all year" when a nearer buffer heard the sentence, and the sentence was lost."""
+    for j in range(i, 0, -1):
+        if words[i].start - words[j].start >= LONGEST_WORD_S:
+            break
+        if words[j].start - words[j - 1].end >= QUIET_S:
+            return j
+    return i
 
 
 class Continuation(Word):
@@ -88,6 +105,7 @@ class LocalAgreement:
         self.unagreed = 0  # updates in a row that committed nothing while words were pending
         #: where the last hypothesis has a word that may hide skipped speech, not committed (``_skipping``)
         self.skipping: Word | None = None
+        self.skip_from = 0.0  # where the words held with ``skipping`` begin (seconds)
         self.long_heard_to = 0.0  # a long word before this (seconds) was heard again: it is taken as is
         self.first_in_buffer = 0  # committed words before this one are the prompt's, heard no more
         #: the buffer holds no committed word's audio (set by the session: a new utterance whose speech
@@ -225,9 +243,8 @@ class LocalAgreement:
         if final == agreed:  # no word heard twice waits for a third hearing before these
             while final < len(new) and needed[final] == 2 and self._sure_at_once(new, final, heard_end):
                 final += 1
-        long = self._skipping(new, final)
-        self.skipping = new[long] if long < final else None
-        final, settled = min(final, long), min(settled, long)
+        held = self._skipping(new, final)
+        final, settled = min(final, held), min(settled, held)
         commit = self._extend(new[:final])
         self.previous = list(new[final:])
         self.hearings, self.needed = hearings[final:], needed[final:]
@@ -239,13 +256,19 @@ class LocalAgreement:
         return commit
 
     def _skipping(self, new: list[Word], final: int) -> int:
-        """The first of the ``final`` words that may hide skipped speech: dated ``LONGEST_WORD_S`` or more
-        with a word heard after it, and not heard again already (``long_heard_to``); ``final`` if none. The
-        sonnets without a VAD at 5 s per update read "warm and[104.70-112.94] thou", skipping "feel'st it
-        cold. Look in thy glass and tell the face", and two hearings agreed on it."""
-        for i in range(final):
+        """How many of the ``final`` words are committed: those before the first word that may hide skipped
+        speech (dated ``LONGEST_WORD_S`` or more with a word heard after it, not heard again already:
+        ``long_heard_to``) and the words that may lie in that speech (``skip_start``). Where that word is
+        final, it is ``skipping`` and ``skip_from`` is where the held words begin. The sonnets without a
+        VAD at 5 s per update read "warm and[104.70-112.94] thou", skipping "feel'st it cold. Look in thy
+        glass and tell the face", and two hearings agreed on it."""
+        self.skipping = None
+        for i in range(len(new)):
             if stretched(new, i) and new[i].start >= self.long_heard_to:
-                return i
+                held = skip_start(new, i)
+                if i < final:
+                    self.skipping, self.skip_from = new[i], new[held].start
+                return min(held, final)
         return final
 
     def _count_hearings(self, new: list[Word], agreed: int) -> tuple[list[int], list[int]]:

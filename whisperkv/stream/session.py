@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from whisperkv.audio import SAMPLE_RATE
-from whisperkv.stream.agreement import LocalAgreement, same_word, stretched
+from whisperkv.stream.agreement import LocalAgreement, same_word, skip_start, stretched
 from whisperkv.stream.events import Event, Word, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
 from whisperkv.stream.pauses import GAP_S, WINDOW, PauseHearing
@@ -131,7 +131,7 @@ class StreamingSession(PauseHearing):
         last ones skipped; a long word heard again is then taken as it is heard."""
         start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
         self.agreement.long_heard_to = long.end
-        cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, long.start, anywhere=True)
+        cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, self.agreement.skip_from, anywhere=True)
         if cuts:
             count, cut = cuts[-1]
             self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
@@ -323,11 +323,12 @@ class StreamingSession(PauseHearing):
         A stream so slow that the end of input came before a second update had taken the skip as heard."""
         words, new, start = last.words, self.agreement.unseen(last.words), self.buffer_start / SAMPLE_RATE
         heard_to = self.agreement.long_heard_to
-        longs = [w for i, w in enumerate(new) if stretched(new, i) and w.start >= heard_to]
-        cuts = last.cuts_within(len(words), start, CONTEXT_S, longs[0].start, True) if longs else []
+        longs = [i for i in range(len(new)) if stretched(new, i) and new[i].start >= heard_to]
+        begins = new[skip_start(new, longs[0])].start if longs else 0.0
+        cuts = last.cuts_within(len(words), start, CONTEXT_S, begins, True) if longs else []
         if not cuts:
             return [], last
-        self.agreement.long_heard_to = longs[0].end
+        self.agreement.long_heard_to = new[longs[0]].end
         (count, cut), seen = cuts[-1], len(words) - len(new)
         events = self._commit(self.agreement.flush(words[:count]))
         self._cut(int(cut * SAMPLE_RATE), carried=seen - count)
