@@ -134,12 +134,13 @@ class StreamingSession(PauseHearing):
         cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, self.agreement.skip_from, anywhere=True)
         if cuts:
             count, cut = cuts[-1]
-            self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
+            self._cut(int(cut * SAMPLE_RATE), carried=self._carried(count))
 
     def finish(self) -> list[Event]:
-        """End of input: what is left is committed."""
+        """End of input: what is left is committed (without a VAD, with what the close did not hear:
+        ``_hear_rest``)."""
         if self.in_speech:
-            return self._close(self.received)
+            return self._close(self.received) + (self._hear_rest() if self.vad is None else [])
         return self._commit(self.agreement.flush()) + self._hear_pause(self.received)
 
     @property
@@ -219,6 +220,14 @@ class StreamingSession(PauseHearing):
         committed, first = len(self.agreement.committed), self.agreement.first_in_buffer
         self.agreement.first_in_buffer = min(committed, max(first, committed - max(carried, 0)))
         self.decoded = None
+
+    def _carried(self, count: int) -> int:
+        """The committed words a cut after the last hypothesis' first ``count`` words leaves in the buffer:
+        its committed words after the cut, and the committed words it did not hear (a hearing that stopped
+        short of them: counted out, they went into the prompt while the buffer still held them)."""
+        agreement = self.agreement
+        unheard = len(agreement.committed) - agreement.first_in_buffer - agreement.final
+        return agreement.final - count + max(unheard, 0)
 
     def _commit(self, words: list[Word]) -> list[Event]:
         if not words:
@@ -354,7 +363,7 @@ class StreamingSession(PauseHearing):
             cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, self.received / SAMPLE_RATE)
             if cuts:
                 count, cut = cuts[-1]
-                self._cut(int(cut * SAMPLE_RATE), carried=self.agreement.final - count)
+                self._cut(int(cut * SAMPLE_RATE), carried=self._carried(count))
         if (self.received - self.buffer_start) / SAMPLE_RATE > self.max_buffer:
             agreement = self.agreement
             heard = (self.decoded[1] if self.decoded else self.received) / SAMPLE_RATE
