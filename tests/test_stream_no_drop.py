@@ -368,13 +368,13 @@ def test_a_word_heard_long_again_is_taken_as_heard(compute, monkeypatch):
 
 
 class StopsShortDecoder(TimelineDecoder):
-    """In a buffer longer than 6 s, hears nothing of its last 4 s: tiny.en heard the utterances file's
-    buffers from 153.3 s up to "Montreal forced the laner." (176.6 s), never "I hardly know her." after it."""
+    """In a buffer longer than 6 s that ends before the script does, hears nothing of its last 4 s: tiny.en
+    heard the utterances file's buffers from 147.4 s up to "his gospel." (152.4 s) for 24 s of audio."""
 
     def decode(self, audio: np.ndarray, start_sample: int, prompt: str) -> Hypothesis:
         heard = super().decode(audio, start_sample, prompt)
-        length = len(audio) / SR
-        if length <= 6.0:
+        length, end = len(audio) / SR, (start_sample + len(audio)) / SR
+        if length <= 6.0 or end > self.words[-1][2]:
             return heard
         kept = [w for w in heard.words if w.end <= length - 4.0]
         ends = [(e, n) for e, n in zip(heard.segment_ends, heard.boundaries) if n <= len(kept)]
@@ -382,12 +382,10 @@ class StopsShortDecoder(TimelineDecoder):
 
 
 @pytest.mark.parametrize("compute", [1.0, 3.0, 5.0, 8.0])
-def test_speech_every_hearing_stopped_short_of_is_heard_at_the_end_of_input(compute):
-    """Without a VAD, the end of input hears the audio after the last committed word alone, once, where that
-    is 2 s or more (``_hear_rest``): the close's hearing stopped short of it, and no hearing follows (w26-w29
-    lost at every clock without it). A trim after a hearing that stopped short of committed words counts
-    them as still in the buffer (``_carried``): counted out, at 1 s per update, the prompt ended with w9
-    over a buffer from w6 on, and the sentence w6-w11 was heard from its next one (w10, w11 lost)."""
+def test_a_trim_after_a_hearing_that_stopped_short_keeps_the_words_it_did_not_hear(compute):
+    """A trim after a hearing that stopped short of committed words counts those words as still in the
+    buffer (``_carried``): counted out, at 1 s per update, the prompt ended with w9 over a buffer from w6
+    on, and the sentence w6-w11 was heard from its next one (w10 and w11 lost)."""
     session = StreamingSession(StopsShortDecoder(LONG_SAID))
     list(run_stream(Silence(LONG_SAID[-1][2] + 0.3), session, SimulatedClock(compute), 1.0))
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in LONG_SAID]

@@ -110,34 +110,22 @@ class PauseHearing:
         if not new or new[0].start - start < GAP_S:
             return None
         end = self.gap_heard_to = new[0].start
-        words = self._heard_alone(start, end, next_word_at_end=True)
+        words = self._heard_alone(start, end)
         if not words:
             return None
         events = self._commit(self.agreement.flush(words))
         self._cut(int(self.agreement.last_end * SAMPLE_RATE))  # every word before is committed
         return events
 
-    def _hear_rest(self) -> list[Event]:
-        """End of input without a VAD: the audio after the last committed word, where that is ``GAP_S`` or
-        more, is heard once alone, as a gap is: the close's hearing may stop short of it (the utterances
-        file at 5 s per update: every hearing from 153.3 s stopped at "Montreal forced the laner." at 176.6
-        s, "I hardly know her." (177-179 s) was never heard)."""
-        start = max(self.agreement.last_end, self.audio_start / SAMPLE_RATE)
-        end = min(self.received / SAMPLE_RATE, start + WINDOW)
-        if end - start < GAP_S:
-            return []
-        return self._commit(self.agreement.flush(self._heard_alone(start, end, next_word_at_end=False)))
-
-    def _heard_alone(self, start: float, end: float, next_word_at_end: bool) -> list[Word]:
-        """The words of ``start``-``end`` s decoded alone, without the prompt; none where the decode loops
-        or fails Whisper's hallucination rule. ``next_word_at_end``: a word heard after ``end`` (a gap's)
-        may have cut the last words: those ending there, and a last one that ends no sentence, are left."""
+    def _heard_alone(self, start: float, end: float) -> list[Word]:
+        """The words of the gap ``start``-``end`` s decoded alone, without the prompt; none where the decode
+        loops or fails Whisper's hallucination rule. The gap ends where the hypothesis dates the next word:
+        the last words before may be cut there, so those ending there and a last one that ends no sentence
+        are left."""
         first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
         audio = self.audio[first - self.audio_start : last - self.audio_start]
         heard = self.decoder.decode(audio, first, "").shifted(start)
-        words = heard.words
-        if next_word_at_end:
-            words = [w for w in words if w.end <= end - WORD_AT_END_S]
-            if words and not words[-1].ends_sentence:
-                words.pop()
+        words = [w for w in heard.words if w.end <= end - WORD_AT_END_S]
+        if words and not words[-1].ends_sentence:
+            words.pop()
         return [] if heard.repetitive or heard.looks_hallucinated else words

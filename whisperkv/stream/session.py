@@ -137,10 +137,9 @@ class StreamingSession(PauseHearing):
             self._cut(int(cut * SAMPLE_RATE), carried=self._carried(count))
 
     def finish(self) -> list[Event]:
-        """End of input: what is left is committed (without a VAD, with what the close did not hear:
-        ``_hear_rest``)."""
+        """End of input: what is left is committed."""
         if self.in_speech:
-            return self._close(self.received) + (self._hear_rest() if self.vad is None else [])
+            return self._close(self.received)
         return self._commit(self.agreement.flush()) + self._hear_pause(self.received)
 
     @property
