@@ -119,9 +119,9 @@ class PauseHearing:
 
     def _heard_alone(self, start: float, end: float) -> list[Word]:
         """The words of the gap ``start``-``end`` s decoded alone, without the prompt; none where the decode
-        loops or fails Whisper's hallucination rule. The gap ends where the hypothesis dates the next word:
-        the last words before may be cut there, so those ending there and a last one that ends no sentence
-        are left."""
+        loops or fails Whisper's hallucination rule. The gap ends where the hypothesis dates the next word,
+        which may cut the words before it: those ending there, and a last one that ends no sentence, are
+        left out."""
         first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
         audio = self.audio[first - self.audio_start : last - self.audio_start]
         heard = self.decoder.decode(audio, first, "").shifted(start)
