@@ -263,13 +263,19 @@ class LocalAgreement:
         VAD at 5 s per update read "warm and[104.70-112.94] thou", skipping "feel'st it cold. Look in thy
         glass and tell the face", and two hearings agreed on it."""
         self.skipping = None
-        for i in range(len(new)):
-            if stretched(new, i) and new[i].start >= self.long_heard_to:
-                held = skip_start(new, i)
-                if i < final:
-                    self.skipping, self.skip_from = new[i], new[held].start
-                return min(held, final)
-        return final
+        i = self.long_word(new)
+        if i is None:
+            return final
+        held = skip_start(new, i)
+        if i < final:
+            self.skipping, self.skip_from = new[i], new[held].start
+        return min(held, final)
+
+    def long_word(self, new: list[Word]) -> int | None:
+        """The first of ``new`` that may hide skipped speech (``stretched``) and was not heard again
+        already (``long_heard_to``); None if none."""
+        longs = (i for i in range(len(new)) if stretched(new, i) and new[i].start >= self.long_heard_to)
+        return next(longs, None)
 
     def _count_hearings(self, new: list[Word], agreed: int) -> tuple[list[int], list[int]]:
         """For each word of ``new``: how many hearings in a row have agreed on it, and how many it needs:

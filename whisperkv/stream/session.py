@@ -330,13 +330,12 @@ class StreamingSession(PauseHearing):
         (``_hear_again``): its words before the cut are committed, the nearer hearing closes the utterance.
         A stream so slow that the end of input came before a second update had taken the skip as heard."""
         words, new, start = last.words, self.agreement.unseen(last.words), self.buffer_start / SAMPLE_RATE
-        heard_to = self.agreement.long_heard_to
-        longs = [i for i in range(len(new)) if stretched(new, i) and new[i].start >= heard_to]
-        begins = new[skip_start(new, longs[0])].start if longs else 0.0
-        cuts = last.cuts_within(len(words), start, CONTEXT_S, begins, True) if longs else []
+        long = self.agreement.long_word(new)
+        begins = new[skip_start(new, long)].start if long is not None else 0.0
+        cuts = last.cuts_within(len(words), start, CONTEXT_S, begins, True) if long is not None else []
         if not cuts:
             return [], last
-        self.agreement.long_heard_to = new[longs[0]].end
+        self.agreement.long_heard_to = new[long].end
         (count, cut), seen = cuts[-1], len(words) - len(new)
         events = self._commit(self.agreement.flush(words[:count]))
         self._cut(int(cut * SAMPLE_RATE), carried=seen - count)
