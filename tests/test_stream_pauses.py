@@ -55,6 +55,12 @@ class QuietVAD(ScriptVAD):
         self.asked.append((start / SR, end / SR))
         return self.near and any(start / SR <= s < end / SR for s, _ in self.whispered)
 
+    def last_near_speech(self, start: int) -> int | None:
+        """Where the whispered speech heard so far from ``start`` on ends (silero's frames near speech)."""
+        ends = [min(int(e * SR), self.position) for s, e in self.whispered if s * SR < self.position]
+        ends = [e for e in ends if e > start]
+        return max(ends) if self.near and ends else None
+
 
 def stream(words: list, vad: QuietVAD, compute: float, events: list | None = None) -> tuple:
     decoder = TimelineDecoder(words)
@@ -75,7 +81,8 @@ def stream(words: list, vad: QuietVAD, compute: float, events: list | None = Non
 
 @pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 3.0])
 def test_words_the_vad_missed_in_a_pause_are_committed_once_in_order(compute):
-    words, whispered = whispered_script(at=11.5)
+    """Speech follows the whispered words 1 s after them, before ``QUIET_PAUSE_S`` of quiet."""
+    words, whispered = whispered_script(at=11.5, gap_after=1.0)
     events: list = []
     committed, decoder, _ = stream(words, QuietVAD(words, whispered), compute, events)
     assert decoder.neither == []  # every decode's audio began where its prompt ended
@@ -85,6 +92,25 @@ def test_words_the_vad_missed_in_a_pause_are_committed_once_in_order(compute):
     assert events[heard - 1].type == "speech_started"
     closes = [e for e in events if e.type == "utterance_end"]
     assert [len(e.words) for e in closes] == [len(JFK), len(JFK) + len(WHISPERED)]
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 3.0])
+def test_words_the_vad_missed_are_heard_once_the_pause_is_quiet(compute):
+    """A Realtime client's server VAD never closes a turn of whispered words, and the next speech may be
+    far off (here 12 s): the pause is heard once ``QUIET_PAUSE_S`` of it had no frame near speech, its
+    words an utterance of their own, committed before the next speech starts."""
+    words, whispered = whispered_script(at=11.5, gap_after=12.0)
+    events: list = []
+    committed, decoder, _ = stream(words, QuietVAD(words, whispered), compute, events)
+    assert decoder.neither == []
+    assert committed == [plain(t) for t, _, _ in words]
+    heard = next(e for e in events if e.type == "commit" and "voiced" in e.text)
+    said = words[len(JFK) + len(WHISPERED) - 1][2]  # the end of the whispered words
+    # the quiet, an update under way (a chunk and its decode), a feed, the pause's decode; the next
+    # speech starts 12 s after
+    assert heard.audio_time <= said + 1.5 + (1.0 + compute) + 0.25 + compute < said + 12.0
+    closes = [e for e in events if e.type == "utterance_end"]
+    assert [len(e.words) for e in closes] == [len(JFK), len(WHISPERED), len(JFK)]
 
 
 def test_a_pause_with_nothing_near_speech_is_not_decoded():
@@ -128,9 +154,10 @@ def test_a_word_heard_running_into_what_the_vad_called_silence_is_left_to_the_pa
     assert closes  # the close heard the VAD's end: inside "people"
     assert committed == [plain(t) for t, _, _ in words]  # not its piece, " p-25"
     assert decoder.neither == []
+    # the close's utterance ends when the words it held are heard: one Realtime item holds them all
     closed = next(i for i, e in enumerate(events) if e.type == "utterance_end")
-    assert events[closed].text == "And so my fellow Americans"
-    assert [e.text for e in events[closed:] if e.type == "commit"] == ["people talk"]
+    assert events[closed].text == "And so my fellow Americans people talk"
+    assert [e.text for e in events[:closed] if e.type == "commit"][-1] == "people talk"
 
 
 def test_a_word_held_at_a_close_is_heard_with_the_speech_that_starts_inside_it():
@@ -248,6 +275,25 @@ def test_words_a_close_dates_with_no_length_are_heard_again_with_what_follows(co
     session = StreamingSession(decoder, vad=ScriptVAD(words))
     list(run_stream(Silence(7.0), session, SimulatedClock(compute), 1.0))
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5])
+def test_words_a_close_held_are_heard_once_the_pause_is_quiet(compute):
+    """The utterances file at 0.3 s per update: its close held "Well, what are you going to do?" (they
+    looked hallucinated) until the next speech, 5.7 s after they were said. Where none follows within
+    ``QUIET_PAUSE_S``, the held words are heard with the quiet after them, and their utterance ends
+    with them (a Realtime item completed with its own words)."""
+    words = list(PARTED[:7])  # "... Americans," and "voiced speech" (0.9 s apart), then 10 s of silence
+    decoder = Guessing(words, hard=3.2, until=4.9)
+    events: list = []
+    session = StreamingSession(decoder, vad=ScriptVAD(words))
+    events = list(run_stream(Silence(14.0), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+    heard = next(e for e in events if e.type == "commit" and "voiced" in e.text)
+    closed_at = words[-1][2] + 0.268  # the VAD's end
+    assert heard.audio_time <= closed_at + 1.5 + (1.0 + compute) + 0.25 + compute < 14.0
+    closes = [e for e in events if e.type == "utterance_end"]
+    assert [e.text for e in closes] == ["And so my fellow Americans", "voiced speech"]  # the VAD's two
 
 
 class RepeatsUndated(TimelineDecoder):

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from whisperkv.audio import SAMPLE_RATE
+from whisperkv.stream.events import Event, join_words
 from whisperkv.stream.hypothesis import WORD_AT_END_S
 
 if TYPE_CHECKING:
     import numpy as np
 
     from whisperkv.stream.agreement import LocalAgreement
-    from whisperkv.stream.events import Event, Word
+    from whisperkv.stream.events import Word
     from whisperkv.stream.hypothesis import Hypothesis, UpdateDecoder
     from whisperkv.stream.vad import SpeechDetector
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 WINDOW = 30
 #: without a VAD, a stretch this long with no word heard before a new word is heard alone (``_hear_gap``)
 GAP_S = 2.0
+#: with a VAD, a pause with something to hear is heard once this much of it has passed with no frame near
+#: speech (``_hear_quiet_pause``)
+QUIET_PAUSE_S = 1.5
 
 
 class PauseHearing:
@@ -41,6 +45,9 @@ class PauseHearing:
     buffer_start: int
     pause_from: int  # where the audio between utterances not yet decoded begins
     closed_at: int
+    received: int
+    utterance: list[Word]  # the words committed since the last utterance_end
+    ending: tuple[float, float] | None  # the span of a close that held words (``_end_utterance``)
     last_buffer: tuple[int, int] | None
     decoded: tuple[int, int] | None
     gap_heard_to: float  # without a VAD: where the last gap heard alone ended (seconds)
@@ -55,6 +62,8 @@ class PauseHearing:
     def _moved_on(self) -> None: ...
 
     def _cut(self, sample: int, carried: int = 0) -> None: ...
+
+    def _end_utterance(self, end: int) -> list[Event]: ...
 
     def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
         """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
@@ -85,6 +94,37 @@ class PauseHearing:
         self.buffer_start = self.closed_at = max(self.pause_from, self.closed_at)
         self._moved_on()
         return events
+
+    def _hear_quiet_pause(self) -> list[Event]:
+        """A pause with something to hear — words the last close held, or frames near speech — is heard
+        once ``QUIET_PAUSE_S`` of it has passed with no frame near speech, not only when speech starts
+        again, a window has passed or input ends: a Realtime client whose server VAD closes its turns may
+        send no more speech (its whispered last words waited), and the utterances file at 0.3 s per update
+        committed "Well, what are you going to do?", held by its close, 5.7 s after it was said."""
+        near = getattr(self.vad, "last_near_speech", None)
+        last = near(self.pause_from) if near is not None else None
+        if last is None and not self.held:
+            return []
+        quiet_from = max(self.closed_at, self.pause_from, last or 0)
+        if self.received - quiet_from < QUIET_PAUSE_S * SAMPLE_RATE:
+            return []
+        return self._hear_lone_pause(self.received)
+
+    def _hear_lone_pause(self, end: int) -> list[Event]:
+        """The pause up to ``end`` heard with no speech after it: its words end an utterance (with the
+        words the last close held, if it held any)."""
+        return self._hear_pause(end) + self._end_utterance(end)
+
+    def _end_utterance(self, end: int) -> list[Event]:
+        """The ``utterance_end`` of the words committed since the last one, where there are any or a close
+        waits on words it held (``ending``): a close that held words ends when they are heard, so a
+        Realtime item is completed with its own words; a pause heard alone is an utterance of its own."""
+        if self.ending is None and not self.utterance:
+            return []
+        start = self.ending[0] if self.ending is not None else self.utterance[0].start
+        end_s = max(end / SAMPLE_RATE, self.ending[1] if self.ending is not None else 0.0)
+        words, self.utterance, self.ending = self.utterance, [], None
+        return [Event("utterance_end", join_words(words), start, end_s, self.received / SAMPLE_RATE, words)]
 
     def _pause_buffer(self, start: int, end: int) -> int:
         """Set the buffer for the pause from ``start``; return where it begins: where the last

@@ -80,6 +80,8 @@ class StreamingSession(PauseHearing):
         self.utterance_from = (0, 0)
         #: words committed when the open utterance began with words the last close held (``_open``)
         self.reheard: int | None = None
+        #: the span of a closed utterance whose close held words: its end waits for them (``_end_utterance``)
+        self.ending: tuple[float, float] | None = None
         self.decodes = 0  # buffers decoded (a clock charges an update's cost to a span that decoded)
 
     @property
@@ -100,8 +102,10 @@ class StreamingSession(PauseHearing):
                     t = boundary.sample / SAMPLE_RATE
                     events.append(Event("speech_stopped", start=t, end=t, audio_time=self.now))
                     events += self._close(boundary.sample, speech_stopped=True)
+        if not self.in_speech:
+            events += self._hear_quiet_pause()
         if not self.in_speech and self.received - self.pause_from >= WINDOW * SAMPLE_RATE:
-            events += self._hear_pause(self.pause_from + WINDOW * SAMPLE_RATE)
+            events += self._hear_lone_pause(self.pause_from + WINDOW * SAMPLE_RATE)
         self._forget_old_audio()
         return events
 
@@ -140,7 +144,7 @@ class StreamingSession(PauseHearing):
         """End of input: what is left is committed."""
         if self.in_speech:
             return self._close(self.received)
-        return self._commit(self.agreement.flush()) + self._hear_pause(self.received)
+        return self._commit(self.agreement.flush()) + self._hear_lone_pause(self.received)
 
     @property
     def has_speech(self) -> bool:
@@ -160,7 +164,7 @@ class StreamingSession(PauseHearing):
 
     def commit(self) -> list[Event]:
         """Close the current utterance now, as a client's commit asks: what was heard is committed."""
-        events = self._close(self.received) if self.in_speech else self._hear_pause(self.received)
+        events = self._close(self.received) if self.in_speech else self._hear_lone_pause(self.received)
         if self.vad is not None:
             self.vad.reset()
         return events
@@ -173,7 +177,7 @@ class StreamingSession(PauseHearing):
         self.utterance_from = (self.received, len(self.agreement.committed))  # never heard again
         self.agreement.forget_pending()
         self.decoded = None
-        self.utterance = []
+        self.utterance, self.ending = [], None
         if self.vad is not None:
             self.vad.reset()
             self.in_speech = False
@@ -241,6 +245,7 @@ class StreamingSession(PauseHearing):
         (mfa_falsetto2's VAD heard speech again inside the word the close had cut)."""
         held = self.last_buffer if self.held else None
         self.reheard = len(self.agreement.committed) if held else None
+        ended = self._end_utterance(self.closed_at) if self.ending is not None else []  # held: not heard yet
         heard = [] if held else self._hear_pause(start, speech_follows=True)
         begin, first = held or (min(start, self.pause_from), len(self.agreement.committed))
         self.in_speech = True
@@ -252,7 +257,7 @@ class StreamingSession(PauseHearing):
         fresh = begin == start and not heard and start >= self.closed_at - 2 * getattr(self.vad, "pad", 0)
         self.agreement.fresh = fresh
         t = start / SAMPLE_RATE
-        return [Event("speech_started", start=t, end=t, audio_time=self.now), *heard]
+        return [*ended, Event("speech_started", start=t, end=t, audio_time=self.now), *heard]
 
     def _close(self, end: int, speech_stopped: bool = False) -> list[Event]:
         """Close the utterance at ``end``: decode it once more and commit the whole hypothesis, but, where
@@ -279,15 +284,15 @@ class StreamingSession(PauseHearing):
             events += self._commit(self.agreement.flush(last.words, before=before))
         else:  # too short to decode, or decoded as a loop: what the last update heard is committed
             events += self._commit(self.agreement.flush())
-        span = (self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE)
-        events.append(Event("utterance_end", join_words(self.utterance), *span, self.now, self.utterance))
-        self.utterance = []
+        self.ending = (self.buffer_start / SAMPLE_RATE, end / SAMPLE_RATE)
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         heard_to = max(self.agreement.last_end, self.utterance_from[0] / SAMPLE_RATE)
         moved = self.reheard is None or len(self.agreement.committed) > self.reheard  # not held in vain
         if stopped is not None and not cut_off and moved and stopped - heard_to >= GAP_S:
             # the hearing stopped short of the speech: what it did not hear is heard with what follows
             self.last_buffer, cut_off = (int(heard_to * SAMPLE_RATE), len(self.agreement.committed)), True
+        if not cut_off:  # else the utterance ends when the words it held are heard (``_end_utterance``)
+            events += self._end_utterance(end)
         self.buffer_start = self.closed_at = self.pause_from = max(end, self.buffer_start)
         if cut_off:  # heard again from where the utterance's buffer began (``_open``, ``_pause_buffer``)
             self.pause_from = self.last_buffer[0]  # before ``closed_at``: ``held``

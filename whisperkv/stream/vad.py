@@ -126,6 +126,12 @@ class SpeechDetector:
         self.near_speech = [s for s in self.near_speech if s >= end]
         return found
 
+    def last_near_speech(self, start: int) -> int | None:
+        """The stream sample just after the last pause frame from ``start`` on that came near speech, if
+        any (nothing is forgotten: ``maybe_speech`` does that)."""
+        found = [s for s in self.near_speech if s >= start]
+        return max(found) + FRAME if found else None
+
     def warm(self) -> None:
         """Judge a second of silence and forget it: the model's first frames cost more than later ones."""
         self.process(np.zeros(SAMPLE_RATE, dtype=np.float32))
