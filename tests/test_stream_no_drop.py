@@ -389,3 +389,22 @@ def test_a_trim_after_a_hearing_that_stopped_short_keeps_the_words_it_did_not_he
     session = StreamingSession(StopsShortDecoder(LONG_SAID))
     list(run_stream(Silence(LONG_SAID[-1][2] + 0.3), session, SimulatedClock(compute), 1.0))
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in LONG_SAID]
+
+
+@pytest.mark.parametrize("compute", [0.5, 1.5])
+def test_a_cut_at_the_cap_keeps_what_context_it_can(compute):
+    """At the buffer's cap, where no cut keeps ``CONTEXT_S`` before the words still to be agreed on (the
+    committed words in the buffer follow a long pause), the buffer is cut where it keeps the most of them,
+    not right after them: the utterances file at 5 s per update, its buffer cut after "She had your" and
+    before "dog suit ...", was read as nonsense ("exact succumbed. Mind And I ran in Hayward ...") and 18
+    s of speech were lost. Here a buffer that starts at the word no two hearings agree on is heard from
+    the next sentence on (``UnsureDecoder``)."""
+    said = [(f"w{i}" + ("|" if i % 6 == 5 else ""), 0.5 * i, 0.5 * i + 0.4) for i in range(12)]
+    said += [(f"w{i}" + ("|" if i % 6 == 5 else ""), 2.5 + 0.5 * i, 2.9 + 0.5 * i) for i in range(12, 60)]
+    decoder = UnsureDecoder(said, unsure=15)
+    session = StreamingSession(decoder, max_buffer=10.0)
+    list(run_stream(Silence(said[-1][2] + 0.8), session, SimulatedClock(compute), 1.0))
+    committed = [w.text.strip() for w in session.agreement.committed]
+    expected = [plain(t) for t, _, _ in said]
+    assert len(committed) == len(expected), committed
+    assert committed[:15] + committed[16:] == expected[:15] + expected[16:]

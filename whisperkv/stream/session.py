@@ -378,6 +378,7 @@ class StreamingSession(PauseHearing):
             # between two words heard twice, ``CONTEXT_S`` before the next (the first words after a cut
             # are counted as committed, not matched: a repeated "word" was once taken for the last one)
             cuts = hypothesis.cuts_within(agreement.settled, start, CONTEXT_S, heard, anywhere=True)
+            cuts = cuts or hypothesis.cuts_within(agreement.settled, start, 0.0, heard, anywhere=True)[:1]
             # else after the last word heard twice: the words final at their first hearing
             # (``confident``) stay in the buffer, carried, until a second hearing settles where they end
             count, cut = cuts[-1] if cuts else (agreement.settled, agreement.settled_end)
