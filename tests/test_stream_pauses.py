@@ -296,6 +296,20 @@ def test_words_a_close_held_are_heard_once_the_pause_is_quiet(compute):
     assert [e.text for e in closes] == ["And so my fellow Americans", "voiced speech"]  # the VAD's two
 
 
+def test_a_clear_ends_the_utterance_that_waited_on_words_it_held():
+    """A client's clear drops the audio of the words a close held: the utterance (a Realtime item) that
+    waited on them ends with the words it committed, not never."""
+    words = list(PARTED[:7])
+    session = StreamingSession(Guessing(words, hard=3.2, until=4.9), vad=ScriptVAD(words))
+    events = []
+    for _ in range(int(4.8 / 0.25)):  # to 0.5 s after the VAD's end: the close held the guessed words
+        events += session.feed(np.zeros(int(0.25 * SR), dtype=np.float32)) + session.update()
+    assert [e.text for e in events if e.type == "utterance_end"] == ["And so my fellow Americans"]
+    ended = session.clear()
+    assert [(e.type, e.text) for e in ended] == [("utterance_end", "")]  # "voiced speech": dropped
+    assert session.clear() == []
+
+
 class RepeatsUndated(TimelineDecoder):
     """Dates a word that repeats the one before with no length, as the alignment dated mfa_words' run."""
 

@@ -214,7 +214,7 @@ class TranscriptionConnection:
             )
             await self.emit(await asyncio.to_thread(self.stream.commit))
         else:  # input_audio_buffer.clear: parse_event lets through no other type
-            self.stream.clear()
+            await self.emit(self.stream.clear())  # an item that waited on words its close held ends
             self.item_id = None
             await self.send("input_audio_buffer.cleared")
 

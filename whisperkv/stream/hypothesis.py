@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 SECONDS_PER_TIMESTAMP = 0.02
 #: a word ending this close to the end of the audio decoded may be cut off there (still being said)
 WORD_AT_END_S = 0.2
+#: a cut buffer keeps this much committed speech before the words not yet settled (heard again): cut at a
+#: sentence's end, tiny.en read the next one's first words cold
+CONTEXT_S = 2.0
 
 
 @dataclass

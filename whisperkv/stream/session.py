@@ -16,12 +16,12 @@ nearer to it (``_hear_again``).
 
 With a VAD, silence never enters an utterance's buffer and the end of speech closes the utterance: its
 last hypothesis is committed whole, but for words heard running past the VAD's end, and new words that
-look hallucinated (``Hypothesis.doubtful``, once): both are heard again with what follows. End of input
-closes too.
-What the VAD called a pause is heard once, whole, when it is over (``pauses``). Without a VAD,
-a stretch of ``GAP_S`` or more with no word heard is heard once alone (``_hear_gap``). Committed text is
-never retracted. ``confident`` (off by default) also commits a word the model was sure of at its first
-hearing (``agreement``). Decoding is behind ``UpdateDecoder``: the policy does not know where it runs.
+look hallucinated (``Hypothesis.doubtful``, once): both are heard again with what follows, and the
+utterance ends with them. End of input closes too. What the VAD called a pause is heard once, whole,
+when it is over or quiet (``pauses``). Without a VAD, a stretch of ``GAP_S`` or more with no word heard
+is heard once alone (``_hear_gap``). Committed text is never retracted. ``confident`` (off by default)
+also commits a word the model was sure of at its first hearing (``agreement``). Decoding is behind
+``UpdateDecoder``: the policy does not know where it runs.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from __future__ import annotations
 import numpy as np
 
 from whisperkv.audio import SAMPLE_RATE
-from whisperkv.stream.agreement import LocalAgreement, same_word, skip_start, stretched
+from whisperkv.stream.agreement import LocalAgreement, same_word, stretched
 from whisperkv.stream.events import Event, Word, join_words
-from whisperkv.stream.hypothesis import WORD_AT_END_S, Hypothesis, UpdateDecoder
+from whisperkv.stream.hypothesis import CONTEXT_S, WORD_AT_END_S, Hypothesis, UpdateDecoder
+from whisperkv.stream.long_words import LongWordHearing
 from whisperkv.stream.pauses import GAP_S, WINDOW, PauseHearing
 from whisperkv.stream.vad import SpeechDetector
 
@@ -43,11 +44,9 @@ HISTORY_S = 1.0
 #: the audio heard are committed as last heard (the utterances' "soil price.", read otherwise at each of
 #: ten hearings, held 15 words; the buffer cut before it was heard from 5.6 s on)
 STALL_UPDATES, STALL_S = 5, 10.0
-#: a trimmed buffer keeps this much committed speech before the words not yet settled (heard again)
-CONTEXT_S = 2.0
 
 
-class StreamingSession(PauseHearing):
+class StreamingSession(PauseHearing, LongWordHearing):
     def __init__(
         self,
         decoder: UpdateDecoder,
@@ -129,17 +128,6 @@ class StreamingSession(PauseHearing):
             self._hear_again(hypothesis, self.agreement.skipping)
         return events + self._trim(hypothesis)
 
-    def _hear_again(self, hypothesis: Hypothesis, long: Word) -> None:
-        """A word that may hide skipped speech (``agreement.LONGEST_WORD_S``) is heard again, once, from a
-        buffer cut ``CONTEXT_S`` before it where one can be: the next hearing starts near the speech the
-        last ones skipped; a long word heard again is then taken as it is heard."""
-        start, settled = self.buffer_start / SAMPLE_RATE, self.agreement.settled
-        self.agreement.long_heard_to = long.end
-        cuts = hypothesis.cuts_within(settled, start, CONTEXT_S, self.agreement.skip_from, anywhere=True)
-        if cuts:
-            count, cut = cuts[-1]
-            self._cut(int(cut * SAMPLE_RATE), carried=self._carried(count))
-
     def finish(self) -> list[Event]:
         """End of input: what is left is committed."""
         if self.in_speech:
@@ -169,8 +157,10 @@ class StreamingSession(PauseHearing):
             self.vad.reset()
         return events
 
-    def clear(self) -> None:
-        """Drop the audio not yet committed (committed text stays, it is never retracted)."""
+    def clear(self) -> list[Event]:
+        """Drop the audio not yet committed (committed text stays, it is never retracted); a closed
+        utterance that waited on words it held ends without them."""
+        ended = self._end_utterance(self.closed_at) if self.ending is not None else []
         self.buffer_start = self.pause_from = self.received
         self.last_buffer = None
         self.agreement.first_in_buffer = len(self.agreement.committed)
@@ -181,6 +171,7 @@ class StreamingSession(PauseHearing):
         if self.vad is not None:
             self.vad.reset()
             self.in_speech = False
+        return ended
 
     @property
     def held(self) -> bool:
@@ -329,24 +320,6 @@ class StreamingSession(PauseHearing):
             self.buffer_start, self.agreement.first_in_buffer = kept
         return self._decode(end, closing=True)
 
-    def _hear_nearer(self, last: Hypothesis, end: int) -> tuple[list[Event], Hypothesis]:
-        """A close's hearing that dates a new word long enough to hide skipped speech (``stretched``), not
-        heard so already, is heard again, once, from ``CONTEXT_S`` before that word, as an update's would be
-        (``_hear_again``): its words before the cut are committed, the nearer hearing closes the utterance.
-        A stream so slow that the end of input came before a second update had taken the skip as heard."""
-        words, new, start = last.words, self.agreement.unseen(last.words), self.buffer_start / SAMPLE_RATE
-        long = self.agreement.long_word(new)
-        begins = new[skip_start(new, long)].start if long is not None else 0.0
-        cuts = last.cuts_within(len(words), start, CONTEXT_S, begins, True) if long is not None else []
-        if not cuts:
-            return [], last
-        self.agreement.long_heard_to = new[long].end
-        (count, cut), seen = cuts[-1], len(words) - len(new)
-        events = self._commit(self.agreement.flush(words[:count]))
-        self._cut(int(cut * SAMPLE_RATE), carried=seen - count)
-        nearer = self._decode(end, closing=True)
-        return events, last if nearer.repetitive else nearer  # a loop: the words after the cut as first heard
-
     def _catch_up(self, end: int) -> list[Event]:
         """A stream that fell behind (updates slower than the audio) may close an utterance longer than one
         30 s window: commit it window by window, each up to its last complete segment, so no audio is lost."""
@@ -378,6 +351,8 @@ class StreamingSession(PauseHearing):
             # between two words heard twice, ``CONTEXT_S`` before the next (the first words after a cut
             # are counted as committed, not matched: a repeated "word" was once taken for the last one)
             cuts = hypothesis.cuts_within(agreement.settled, start, CONTEXT_S, heard, anywhere=True)
+            # or none does: the cut that keeps the most (cut right after "She had your", the utterances
+            # file's buffer was read as nonsense, 18 s of speech lost)
             cuts = cuts or hypothesis.cuts_within(agreement.settled, start, 0.0, heard, anywhere=True)[:1]
             # else after the last word heard twice: the words final at their first hearing
             # (``confident``) stay in the buffer, carried, until a second hearing settles where they end
