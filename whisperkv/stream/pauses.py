@@ -3,9 +3,10 @@ over; without a VAD, a gap with no word heard before a new word, once, alone (``
 
 silero-vad scored mfa_whisper2's whispered half at most 0.13 against its 0.5 threshold, so that audio never
 entered an utterance's buffer. A pause with a frame that came near speech is decoded when it is over (the
-next speech starts, a window of it has passed, or input ends): words the VAD did not take for speech are
-committed like an utterance's last hypothesis, and a silent pause is judged silence by ``transcribe``'s
-rule. A part of ``StreamingSession``: it moves the session's buffer and agreement as the session does.
+next speech starts, a window of it has passed, or input ends) or quiet (``_hear_quiet_pause``): words the
+VAD did not take for speech are committed like an utterance's last hypothesis, and a silent pause is
+judged silence by ``transcribe``'s rule. A part of ``StreamingSession``: it moves the session's buffer
+and agreement as the session does.
 """
 
 from __future__ import annotations
@@ -62,8 +63,6 @@ class PauseHearing:
     def _moved_on(self) -> None: ...
 
     def _cut(self, sample: int, carried: int = 0) -> None: ...
-
-    def _end_utterance(self, end: int) -> list[Event]: ...
 
     def _hear_pause(self, end: int, speech_follows: bool = False) -> list[Event]:
         """Decode the pause from ``pause_from`` to ``end`` once, whole, and commit what it holds; a pause
