@@ -44,6 +44,10 @@ HISTORY_S = 1.0
 #: the audio heard are committed as last heard (the utterances' "soil price.", read otherwise at each of
 #: ten hearings, held 15 words; the buffer cut before it was heard from 5.6 s on)
 STALL_UPDATES, STALL_S = 5, 10.0
+#: a VAD close whose hearing ends this far before the VAD's end of speech holds what it did not hear, to be
+#: heard with what follows (lj001 at 3 s per update: a close that heard up to "which", 1.6 s before the
+#: end, lost "obtained at that time" when the VAD heard speech again 10 ms after it)
+STOPPED_SHORT_S = 1.0
 
 
 class StreamingSession(PauseHearing, LongWordHearing):
@@ -255,8 +259,9 @@ class StreamingSession(PauseHearing, LongWordHearing):
         the VAD closed it, the words heard ending past its end (dated 0.3 s after the speech it heard): they
         ran on into what it took for silence, may be cut off there, and are heard again with what follows
         (mfa_falsetto2's close committed the falsetto "people" it cut as "to do that."); so is the speech
-        after the last word where the hearing stopped ``GAP_S`` before the VAD's end (the utterances file at
-        3 s per update: "She had your dark suit ...", after "... all thanks.", was never heard)."""
+        after the last word where the hearing stopped ``STOPPED_SHORT_S`` before the VAD's end (the
+        utterances file at 3 s per update: "She had your dark suit ...", after "... all thanks.", was never
+        heard)."""
         events = self._catch_up(end)
         stopped = end / SAMPLE_RATE if speech_stopped else None
         if self.decoded is not None and self.decoded[0] == self.buffer_start and self.decoded[1] >= end:
@@ -279,7 +284,7 @@ class StreamingSession(PauseHearing, LongWordHearing):
         self.last_buffer = (self.buffer_start, self.agreement.first_in_buffer)
         heard_to = max(self.agreement.last_end, self.utterance_from[0] / SAMPLE_RATE)
         moved = self.reheard is None or len(self.agreement.committed) > self.reheard  # not held in vain
-        if stopped is not None and not cut_off and moved and stopped - heard_to >= GAP_S:
+        if stopped is not None and not cut_off and moved and stopped - heard_to >= STOPPED_SHORT_S:
             # the hearing stopped short of the speech: what it did not hear is heard with what follows
             self.last_buffer, cut_off = (int(heard_to * SAMPLE_RATE), len(self.agreement.committed)), True
         if not cut_off:  # else the utterance ends when the words it held are heard (``_end_utterance``)
