@@ -373,6 +373,18 @@ def test_speech_after_where_every_hearing_stops_is_heard_with_what_follows(compu
     assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
 
 
+@pytest.mark.parametrize("compute", [0.0, 0.5, 1.5, 3.0])
+def test_speech_a_close_stopped_short_of_by_a_second_is_heard_with_what_follows(compute):
+    """lj001 with the VAD at 3 s per update: the close heard up to "which", 1.6 s before the VAD's end,
+    and "obtained at that time" was lost when the VAD heard speech again 10 ms later. A close that stops
+    ``STOPPED_SHORT_S`` (1 s) or more before the end holds the rest (here 1.5 s: "she had your")."""
+    words = [*JFK[:5], ("thanks.|", 2.4, 2.8), ("she", 3.0, 3.3), ("had", 3.35, 3.7), ("your.|", 3.75, 4.0)]
+    words += [("ask", 7.0, 7.4), ("not.|", 7.5, 8.0)]
+    session = StreamingSession(StopsAtThanks(words), vad=ScriptVAD(words))
+    list(run_stream(Silence(9.0), session, SimulatedClock(compute), 1.0))
+    assert [w.text.strip() for w in session.agreement.committed] == [plain(t) for t, _, _ in words]
+
+
 @pytest.mark.parametrize("compute", [0.1, 0.5])
 def test_the_falsetto_clip_has_no_words_the_close_made_of_a_cut_off_one(tiny_model, compute):
     """mfa_falsetto2 ("i really don't know how people talk like this"): the VAD closed the utterance inside
