@@ -128,9 +128,10 @@ class SpeechDetector:
 
     def last_near_speech(self, start: int) -> int | None:
         """The stream sample just after the last pause frame from ``start`` on that came near speech, if
-        any (nothing is forgotten: ``maybe_speech`` does that)."""
-        found = [s for s in self.near_speech if s >= start]
-        return max(found) + FRAME if found else None
+        any (nothing is forgotten: ``maybe_speech`` does that). The list is in stream order: its last."""
+        if not self.near_speech or self.near_speech[-1] < start:
+            return None
+        return self.near_speech[-1] + FRAME
 
     def warm(self) -> None:
         """Judge a second of silence and forget it: the model's first frames cost more than later ones."""
