@@ -59,7 +59,16 @@ def test_unchanged_buffer_reuses_everything_and_grown_buffer_is_refused(tiny_mod
     assert any("mel_digest" in r for r in decoder.store.refusals)
 
 
-def test_prompt_state_reuse_gives_the_tokens_of_a_full_decode(tiny_model, jfk):
+@pytest.mark.parametrize("model_name", ["tiny_model", "int8_model"])
+def test_prompt_state_reuse_gives_the_tokens_of_a_full_decode(model_name, request, jfk, monkeypatch):
+    # the stream's steps go through the plan's one-call step (``forward_rows``), the decode it is
+    # compared with block by block (``model.decoder``): the same tokens and the same log-probabilities
+    tiny_model = request.getfixturevalue(model_name)
+    step = getattr(tiny_model.decoder, "decoder_step", None)
+    calls = []
+    if step is not None:  # counted where this CPU has the kernels
+        real = step.logits
+        monkeypatch.setattr(step, "logits", lambda *args: calls.append(1) or real(*args))
     decoder = LocalDecoder(tiny_model)
     decoder.decode(jfk[: 8 * 16000], 0, "")
     window = decoder.previous
@@ -70,6 +79,8 @@ def test_prompt_state_reuse_gives_the_tokens_of_a_full_decode(tiny_model, jfk):
     reused, _ = decode_greedy(tiny_model, tokenizer, window, options, reused=state)
     assert fresh.tokens == reference.tokens == reused.tokens
     assert reused.avg_logprob == reference.avg_logprob and reused.no_speech_prob == reference.no_speech_prob
+    assert fresh.avg_logprob == reference.avg_logprob
+    assert step is None or len(calls) >= 2 * len(fresh.tokens)  # both decodes took the one-call step
 
 
 def test_stdin_stream_json_events_flush_and_reuse_summary(jfk, monkeypatch, capsys):

@@ -86,7 +86,9 @@ def decode_greedy(
         tokens, completed, _ = choose_next(choice, filters, searcher, tokens, logits, sum_logprobs)
         if completed or tokens.shape[-1] > n_ctx:
             break
-        logits = model.decoder(tokens[:, -1:], cache)
+        # one row of one cache: the plan's whole step in one call where it has one (the same bits as
+        # the block-by-block ``model.decoder``, tested; ``forward_rows`` falls back to those itself)
+        logits = model.decoder.forward_rows([(tokens[:, -1:], cache)]).unsqueeze(1)
 
     row = tokens[0].tolist() + [tokenizer.eot]
     text_tokens = row[sample_begin : row.index(tokenizer.eot, sample_begin)]
