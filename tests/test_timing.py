@@ -19,7 +19,7 @@ from whisperkv.timing import (
     merge_punctuations,
     next_words_segment,
 )
-from whisperkv.timing_signal import dtw_numpy
+from whisperkv.timing_signal import SORT_7, dtw_numpy
 
 SPEECH_EN = Path(__file__).resolve().parents[1].parent / "shared/data/speech/en"
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
@@ -191,6 +191,40 @@ def test_median_filter_short_input_unchanged_and_even_width_rejected():
     assert torch.equal(median_filter(x, 7), x)  # 3 samples cannot be mirrored by 3
     with pytest.raises(ValueError):
         median_filter(x, 4)
+
+
+def test_the_seven_input_network_sorts_every_zero_one_input():
+    # the 0/1 principle: a comparator network that sorts every 0/1 input sorts every input
+    for n in range(2**7):
+        lanes = [float((n >> i) & 1) for i in range(7)]
+        for layer in SORT_7:
+            for i, j in layer:
+                lanes[i], lanes[j] = min(lanes[i], lanes[j]), max(lanes[i], lanes[j])
+        assert lanes == sorted(lanes), n
+
+
+def _sorted_middle(x: np.ndarray, width: int) -> np.ndarray:
+    """The reference's definition, in NumPy: reflect-padded windows, sorted (NaN last), the middle."""
+    half = width // 2
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(half, half)], mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1)
+    return np.sort(windows, axis=-1)[..., half]
+
+
+@pytest.mark.parametrize("shape", [(4, 30, 750), (1, 9), (2, 3, 4)])
+def test_median_filter_at_width_7_equals_the_sorted_middle(shape):
+    # word timing's width runs through the sorting network: ties (values from a few levels), both
+    # signs of zero, and an input with NaN (the sort's path) give the sort's middle
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randint(-3, 4, shape, generator=generator).float() / 2
+    x[..., ::5] *= -1.0  # -0.0 beside 0.0
+    assert torch.equal(median_filter(x, 7), torch.from_numpy(_sorted_middle(x.numpy(), 7)))
+    y = torch.randn(shape, generator=generator)
+    assert torch.equal(median_filter(y, 7), torch.from_numpy(_sorted_middle(y.numpy(), 7)))
+    y.view(-1)[1] = float("nan")
+    got, expected = median_filter(y, 7), torch.from_numpy(_sorted_middle(y.numpy(), 7))
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])
 
 
 # --------------------------------------------------------------------------------- punctuation
