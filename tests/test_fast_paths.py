@@ -250,9 +250,9 @@ def test_int8_transcripts_agree_with_float32_on_every_english_clip(tiny_model, i
 def test_the_encoders_in_place_activations_give_the_out_of_place_twins_numbers(
     tiny_model, int8_model, speech_dir, compute_type
 ):
-    """Without a gradient the encoder's GELUs run in place on activations nothing else holds
-    (``model/encoder.py``); with one recorded it runs PyTorch's modules as they are: the same bits, and
-    the log-Mel handed in is left as it was."""
+    """Without a gradient the encoder's GELUs and residual adds run in place on activations nothing else
+    holds (``model/encoder.py``); with one recorded it runs PyTorch's modules as they are: the same bits,
+    and the log-Mel handed in, and a block's input, are left as they were."""
     model = tiny_model if compute_type == "float32" else int8_model
     audio = whisperkv.load_audio(speech_dir / "en" / "jfk.flac")
     mel = pad_or_trim(log_mel_spectrogram(audio, 80), N_FRAMES)[None].to(model.encoder_dtype)
@@ -263,3 +263,12 @@ def test_the_encoders_in_place_activations_give_the_out_of_place_twins_numbers(
         twin = model.encoder(mel).detach()
     assert torch.equal(mel, kept)
     assert torch.equal(in_place, twin)
+    block = model.encoder.blocks[0]
+    x = model.encoder.convolutions(mel) if block.tiles is None else None
+    if x is not None:  # a block PyTorch runs: its residuals added into the layers' outputs, not into x
+        held = x.clone()
+        with torch.no_grad():
+            out = block(x)
+        with torch.enable_grad():
+            assert torch.equal(out, block(x).detach())
+        assert torch.equal(x, held)

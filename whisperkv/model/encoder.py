@@ -51,6 +51,15 @@ def gelu_in_place(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x) if torch.is_grad_enabled() else torch.ops.aten.gelu_(x)
 
 
+def add_residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """``x + branch``, written into ``branch`` (a layer's fresh output nothing else holds) when no gradient
+    is recorded: the same numbers (addition is commutative) without a third activation whose pages are
+    faulted afresh at every add (tiny.en's window 186.6 -> 180.8 ms int8, 333 -> 319 ms float32, scratch)."""
+    if torch.is_grad_enabled() or branch.shape != x.shape or branch.dtype != x.dtype:
+        return x + branch
+    return branch.add_(x)
+
+
 class EncoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int) -> None:
         super().__init__()
@@ -65,11 +74,11 @@ class EncoderBlock(nn.Module):
         if self.tiles is not None:
             return self.tiles.forward(self, x)
         # the queries, keys and values (3 x 1,500 x d) are let go before the MLP, not held to the end
-        x = x + self.attn.attend(*self.attn.project_qkv(self.attn_ln(x)))
+        x = add_residual(x, self.attn.attend(*self.attn.project_qkv(self.attn_ln(x))))
         fc1, gelu, fc2 = self.mlp
         if torch.is_grad_enabled() or type(gelu) is not nn.GELU or gelu.approximate != "none":
             return x + self.mlp(self.mlp_ln(x))
-        return x + fc2(gelu_in_place(fc1(self.mlp_ln(x))))
+        return add_residual(x, fc2(gelu_in_place(fc1(self.mlp_ln(x)))))
 
 
 class AudioEncoder(nn.Module):
