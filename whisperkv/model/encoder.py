@@ -111,4 +111,6 @@ class AudioEncoder(nn.Module):
                 f"encoder expects {2 * self.positional_embedding.shape[0]} Mel frames, "
                 f"got {mel.shape[-1]} (pad or trim the window to 30 s)"
             )
-        return x + self.positional_embedding.to(x.dtype)
+        # the table first: the sum takes its contiguous layout, not the transposed one of x (which the
+        # first LayerNorm then copied: 1.10 -> 0.54 ms for the two, scratch); the same numbers
+        return self.positional_embedding.to(x.dtype) + x
