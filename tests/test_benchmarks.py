@@ -169,3 +169,17 @@ def test_serve_ceiling_is_audio_over_encoder_time_and_the_probe_runs(speech_dir)
     assert estimated.windows == 1 + 2 + 2 and not estimated.counted and estimated.server_ms is None
     assert EncoderCount(12, 3.5).since(EncoderCount(2, 1.0)) == EncoderCount(10, 2.5)
     assert probe(ROOT, "default", [speech_dir / "en" / "jfk.flac"]) > 0
+
+
+def test_stream_update_finds_every_part_it_times():
+    """benchmarks/stream_update.py times a live update's parts by wrapping the functions that do them: each
+    is found in this checkout (a part renamed away would drop from its table without a word), and a
+    made-up path is not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from stream_update import PARTS, locate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert [label for label, module, path in PARTS if locate(module, path) is None] == []
+    assert locate("whisperkv.stream.local_decoder", "LocalDecoder.no_such_part") is None
+    assert locate("whisperkv.stream.local_decoder", "NoSuchClass.decode") is None
