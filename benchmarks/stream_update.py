@@ -23,11 +23,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alternate import StepTimer  # noqa: E402
 from provenance import describe  # noqa: E402
 
 #: (label, module, attribute path): the functions each part is timed through
@@ -43,17 +42,6 @@ PARTS = (
 )
 
 
-def _timed(spent: Counter, label: str, call):  # noqa: ANN001, ANN202 - any function
-    def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        start = time.perf_counter()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - start
-
-    return timed
-
-
 def locate(module_name: str, path: str) -> tuple[object, str] | None:
     """(the object holding the function, its name) for ``PARTS``' module and attribute path, or None."""
     import importlib
@@ -65,17 +53,16 @@ def locate(module_name: str, path: str) -> tuple[object, str] | None:
     return None if owner is None or getattr(owner, name, None) is None else (owner, name)
 
 
-def wrap_parts(spent: Counter) -> list[str]:
-    """Time every part of ``PARTS`` this checkout has; returns the labels of those it lacks."""
-    missing = []
+def wrap_parts() -> dict[str, StepTimer]:
+    """A timer on every part of ``PARTS`` this checkout has (a part it lacks is left out of its table)."""
+    timers: dict[str, StepTimer] = {}
     for label, module_name, path in PARTS:
         found = locate(module_name, path)
-        if found is None:
-            missing.append(label)
-            continue
-        owner, name = found
-        setattr(owner, name, _timed(spent, label, getattr(owner, name)))
-    return missing
+        if found is not None:
+            owner, name = found
+            timers[label] = StepTimer()
+            setattr(owner, name, timers[label].wrap(getattr(owner, name)))
+    return timers
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -95,17 +82,15 @@ def child(args: argparse.Namespace) -> dict:
 
     audio = load_audio(SPEECH / "long" / args.input)[: int(args.seconds * 16000)]
     model = whisperkv.load_model(args.model, compute_type=args.compute_type)
-    spent: Counter = Counter()
-    missing = wrap_parts(spent)
+    timers = wrap_parts()
     session = StreamingSession(LocalDecoder(model), vad=SpeechDetector(), confident=args.confident)
     session.warm()
-    spent.clear()
+    for timer in timers.values():
+        timer.reset()
     for _ in run_stream(ArraySource(audio), session, SimulatedClock(args.cost), 1.0):
         pass
     text = session.committed_text()
-    per_update = {
-        label: spent[label] / session.decodes * 1e3 for label, _, _ in PARTS if label not in missing
-    }
+    per_update = {label: timer.seconds / session.decodes * 1e3 for label, timer in timers.items()}
     return {
         "ms": per_update,
         "decodes": session.decodes,
